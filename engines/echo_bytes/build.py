@@ -1,0 +1,5 @@
+"""Recipe: `trtserve build` writes this model's 1/model.onnx."""
+
+from trtserve.testmodels import build_echo_bytes as build
+
+__all__ = ["build"]

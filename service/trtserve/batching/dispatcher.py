@@ -1,0 +1,225 @@
+"""The per-model dispatcher: one asyncio task that turns the queue into engine batches.
+
+The loop is: snapshot → :func:`~trtserve.batching.policy.decide` → act → wait for an arrival,
+a freed slot or the decision's wake time. All queue state lives on the event loop, so there
+are no locks; the only thread crossing is the runtime's ``run`` of one batch on one slot.
+
+Lifecycle: :meth:`Dispatcher.start`, then :meth:`Dispatcher.submit` from request handlers,
+then :meth:`Dispatcher.aclose`, which refuses new work, lets everything queued and running
+finish, and stops the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..clock import Clock, MonotonicClock
+from ..errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
+from ..runtimes.base import Backend, Batch, unpack
+from .config import BatchingPolicy, TimeoutAction
+from .latency import LatencyModel
+from .policy import decide
+from .queue import Piece, QueueEntry, RequestQueue, Segment
+from .stats import DispatchStats
+
+
+class Dispatcher:
+    """Batches the requests of one model onto the execution slots of its backend.
+
+    Invariants: every queued entry has rows left to take; a slot index is either in
+    ``_idle`` or running exactly one batch; an entry's future is resolved once, after its last
+    running piece finished and no rows are queued (or at once on error, cancellation or
+    expiry). Touched only from the event loop thread.
+
+    Args:
+        backend: the engine.
+        policy: the model's batching policy.
+        clock: time source (a ``FakeClock`` in tests).
+        latency: predicted run times; learned from every batch run here.
+        stats: counters for metrics and ModelStatistics.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        policy: BatchingPolicy,
+        *,
+        clock: Clock | None = None,
+        latency: LatencyModel | None = None,
+        stats: DispatchStats | None = None,
+    ) -> None:
+        self.backend = backend
+        self.policy = policy
+        self.clock = clock or MonotonicClock()
+        self.latency = latency or LatencyModel()
+        self.stats = stats or DispatchStats()
+        self.queue = RequestQueue(policy.max_queue_size)
+        self._idle = list(range(backend.slots))
+        self._running: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # -- public API ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the dispatch loop on the running event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="dispatcher")
+
+    def submit(
+        self,
+        segments: list[Segment],
+        *,
+        priority: int = 0,
+        deadline: float = math.inf,
+    ) -> asyncio.Future[list[Segment]]:
+        """Queue a request's engine rows. Returns at once; never blocks.
+
+        Args:
+            segments: engine-input name → array with rows on axis 0, one dict per segment;
+                at least one row in all.
+            priority: 1 is the most urgent; 0 means the policy's default level.
+            deadline: monotonic seconds by which the answer is needed; ``math.inf`` for none.
+
+        Returns:
+            A future of one output dict per segment (outputs cut back to each segment's
+            rows). Cancelling it takes the request out of the queue at once.
+
+        Raises:
+            ShuttingDown: the dispatcher is closing (retryable elsewhere).
+            QueueFull: the queue is at ``max_queue_size`` (retryable).
+            RequestTimeout: the deadline cannot be met even by a batch of one started now.
+        """
+        if self._closing:
+            raise ShuttingDown("the server is shutting down and accepts no new requests")
+        now = self.clock.now()
+        if deadline < now + self.latency.predict(1):
+            self.stats.expired_before_run += 1
+            raise RequestTimeout("the request's deadline passed before it could run")
+        future: asyncio.Future[list[Segment]] = asyncio.get_running_loop().create_future()
+        entry = QueueEntry(
+            segments,
+            priority or self.policy.default_priority,
+            deadline,
+            now,
+            future,
+        )
+        self.queue.push(entry)
+        future.add_done_callback(lambda _f: self._on_done(entry))
+        self._wake.set()
+        return future
+
+    @property
+    def idle_slots(self) -> int:
+        """Execution slots not running a batch now."""
+        return len(self._idle)
+
+    async def aclose(self) -> None:
+        """Refuse new requests, finish every queued and running one, then stop the loop."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    # -- the loop -----------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            now = self.clock.now()
+            decision = decide(self.queue.entries, now, len(self._idle), self.policy, self.latency.predict)
+            for entry in decision.expired:
+                self._expire(entry)
+            if decision.run_rows:
+                self._launch(self.queue.take(decision.run_rows), now)
+                continue
+            if self._closing and not self.queue.entries and len(self._idle) == self.backend.slots:
+                return
+            await self._wait(decision.wake_at)
+
+    async def _wait(self, until: float | None) -> None:
+        if until is None:
+            await self._wake.wait()
+            return
+        waiter = asyncio.ensure_future(self._wake.wait())
+        sleeper = asyncio.ensure_future(self.clock.sleep_until(until))
+        try:
+            await asyncio.wait((waiter, sleeper), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+
+    def _expire(self, entry: QueueEntry) -> None:
+        if self.policy.timeout_action is TimeoutAction.DELAY:
+            self.queue.reprioritize(entry, self.policy.lowest_priority)
+            return
+        self.queue.remove(entry)
+        self.stats.expired_before_run += 1
+        _fail(entry, RequestTimeout("the request's deadline passed while it was queued; it was not run"))
+
+    def _launch(self, pieces: list[Piece], now: float) -> None:
+        slot = self._idle.pop()
+        task = asyncio.get_running_loop().create_task(self._run(slot, pieces, now))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _run(self, slot: int, pieces: Sequence[Piece], queued_until: float) -> None:
+        batch = Batch(tuple(p.inputs() for p in pieces), sum(p.rows for p in pieces))
+        start = self.clock.now()
+        try:
+            outputs = await self.backend.run(slot, batch)
+            elapsed = self.clock.now() - start
+            self.latency.observe(batch.rows, elapsed)
+            self.stats.record_batch(batch.rows, elapsed)
+            self._deliver(pieces, batch, outputs)
+        except TrtServeError as exc:
+            self._fail_pieces(pieces, exc)
+        except Exception as exc:  # a runtime bug must not strand the batch's callers
+            self._fail_pieces(pieces, BackendError(f"{type(exc).__name__}: {exc}"))
+        finally:
+            self._idle.append(slot)
+            self._wake.set()
+
+    def _deliver(self, pieces: Sequence[Piece], batch: Batch, outputs: Segment) -> None:
+        for name, arr in outputs.items():
+            if arr.shape[:1] != (batch.rows,):
+                raise BackendError(
+                    f"the engine returned {arr.shape[0] if arr.ndim else 'no'} rows for output "
+                    f"'{name}' of a batch of {batch.rows} rows"
+                )
+        for piece, out in zip(pieces, unpack(batch, outputs, self.backend.outputs)):
+            entry = piece.entry
+            entry.running -= 1
+            entry.chunks[piece.seg].append(out)
+            if entry.rows == 0 and entry.running == 0 and not entry.done:
+                entry.future.set_result([_concat(chunks) for chunks in entry.chunks])
+
+    def _fail_pieces(self, pieces: Sequence[Piece], exc: TrtServeError) -> None:
+        for piece in pieces:
+            piece.entry.running -= 1
+            self.queue.remove(piece.entry)
+            _fail(piece.entry, exc)
+
+    def _on_done(self, entry: QueueEntry) -> None:
+        # Cancelled by the caller: its queued rows must not run. (An entry is queued exactly
+        # while it has rows left; a resolved one has none or was removed already.)
+        if entry.rows and self.queue.remove(entry):
+            self._wake.set()
+
+
+def _fail(entry: QueueEntry, exc: Exception) -> None:
+    if not entry.done:
+        entry.future.set_exception(exc)
+
+
+def _concat(chunks: list[Segment]) -> Segment:
+    if len(chunks) == 1:
+        return chunks[0]
+    return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
+

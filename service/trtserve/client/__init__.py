@@ -1,0 +1,192 @@
+"""Python client for trtserve (or any KServe v2 / Triton gRPC server): numpy in, numpy out.
+
+Example::
+
+    from trtserve.client import Client
+
+    with Client("127.0.0.1:8001") as client:
+        out = client.infer("tiny", {"INPUT": np.ones((2, 64), np.float32)}, timeout=1.0)
+        for request_id, result in client.stream_infer("minilm", ({"TEXT": np.array([[t.encode()]], object)} for t in texts)):
+            ...
+
+Errors come back as :class:`grpc.RpcError` (unary) or as :class:`InferError` items of the
+stream, carrying the gRPC status name the server reported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from .._proto.inference import grpc_service_pb2 as pb
+from .._proto.inference import grpc_service_pb2_grpc as pb_grpc
+from ..protocol.codec import decode_raw, encode_tensor
+from ..protocol.datatypes import DATATYPES, from_numpy
+
+MAX_MESSAGE_BYTES = 2**31 - 1
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+@dataclass(frozen=True)
+class InferError:
+    """A stream message that failed: its request id, gRPC status name and message."""
+
+    id: str
+    code: str
+    message: str
+
+
+def build_request(
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    request_id: str = "",
+    outputs: Iterable[str] = (),
+    timeout_us: int | None = None,
+    priority: int | None = None,
+) -> pb.ModelInferRequest:
+    """A ``ModelInferRequest`` with every input as raw bytes.
+
+    Args:
+        inputs: name → array (batch on axis 0 for a batched model). ``str``/``bytes``/object
+            arrays are sent as BYTES, ``ml_dtypes.bfloat16`` as BF16.
+        outputs: output names to return (all if empty).
+        timeout_us: the request's own deadline in microseconds (``timeout`` parameter).
+        priority: 1 is the most urgent (``priority`` parameter).
+
+    Raises:
+        KeyError: an array dtype with no KServe datatype.
+    """
+    request = pb.ModelInferRequest(model_name=model, id=request_id)
+    for name, value in inputs.items():
+        arr = np.asarray(value)
+        datatype = from_numpy(arr.dtype)
+        request.inputs.add(name=name, datatype=datatype.name, shape=arr.shape)
+        request.raw_input_contents.append(encode_tensor(arr, datatype))
+    for name in outputs:
+        request.outputs.add(name=name)
+    if timeout_us is not None:
+        request.parameters["timeout"].int64_param = timeout_us
+    if priority is not None:
+        request.parameters["priority"].uint64_param = priority
+    return request
+
+
+def parse_response(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
+    """Output name → array from a response's ``raw_output_contents`` (BYTES as object arrays)."""
+    result = {}
+    for tensor, raw in zip(response.outputs, response.raw_output_contents):
+        datatype = DATATYPES[tensor.datatype]
+        result[tensor.name] = decode_raw(tensor.name, raw, datatype, list(tensor.shape))
+    return result
+
+
+class Client:
+    """A blocking client over one gRPC channel (thread-safe; reuse it).
+
+    Args:
+        url: ``host:port`` of the server.
+        channel_options: extra gRPC channel options.
+    """
+
+    def __init__(self, url: str, channel_options: list[tuple[str, object]] | None = None) -> None:
+        self.channel = grpc.insecure_channel(url, options=CHANNEL_OPTIONS + list(channel_options or []))
+        self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def is_ready(self, model: str = "") -> bool:
+        """Whether the server (or ``model``) is ready to take requests."""
+        if model:
+            return self.stub.ModelReady(pb.ModelReadyRequest(name=model)).ready
+        return self.stub.ServerReady(pb.ServerReadyRequest()).ready
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        outputs: Iterable[str] = (),
+        timeout: float | None = None,
+        priority: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run one request; ``timeout`` (seconds) becomes the gRPC deadline.
+
+        Raises:
+            grpc.RpcError: with the server's status (INVALID_ARGUMENT, DEADLINE_EXCEEDED, ...).
+        """
+        request = build_request(model, inputs, outputs=outputs, priority=priority)
+        return parse_response(self.stub.ModelInfer(request, timeout=timeout))
+
+    def stream_infer(
+        self,
+        model: str,
+        items: Iterable[Mapping[str, np.ndarray] | tuple[str, Mapping[str, np.ndarray]]],
+        *,
+        timeout_us: int | None = None,
+        max_inflight: int = 128,
+    ) -> Iterator[tuple[str, dict[str, np.ndarray] | InferError]]:
+        """Send many requests over one ModelStreamInfer call; yield (id, outputs or error).
+
+        ``items`` are input dicts (ids "0", "1", ... are assigned) or (id, inputs) pairs.
+        At most ``max_inflight`` requests are unanswered at once, so memory stays flat for
+        inputs of any length. Results come in completion order.
+
+        Raises:
+            grpc.RpcError: the stream itself failed (not one message).
+        """
+        window = threading.Semaphore(max_inflight)
+        done = object()
+        numbered = (
+            item if isinstance(item, tuple) else (str(i), item) for i, item in zip(itertools.count(), items)
+        )
+
+        def requests() -> Iterator[pb.ModelInferRequest]:
+            for request_id, inputs in numbered:
+                window.acquire()
+                yield build_request(model, inputs, request_id=request_id, timeout_us=timeout_us)
+
+        responses: queue.Queue[object] = queue.Queue()
+        call = self.stub.ModelStreamInfer(requests())
+
+        def pump() -> None:
+            try:
+                for message in call:
+                    responses.put(message)
+            except grpc.RpcError as exc:
+                responses.put(exc)
+            responses.put(done)
+
+        threading.Thread(target=pump, daemon=True).start()
+        try:
+            while (message := responses.get()) is not done:
+                if isinstance(message, grpc.RpcError):
+                    raise message
+                window.release()
+                response = message.infer_response  # type: ignore[attr-defined]
+                if message.error_message:  # type: ignore[attr-defined]
+                    code = response.parameters["error_code"].string_param if "error_code" in response.parameters else "UNKNOWN"
+                    yield response.id, InferError(response.id, code, message.error_message)  # type: ignore[attr-defined]
+                else:
+                    yield response.id, parse_response(response)
+        finally:
+            call.cancel()
+
+
+__all__ = ["Client", "InferError", "build_request", "parse_response"]

@@ -1,0 +1,89 @@
+"""The one exception hierarchy of trtserve.
+
+Every layer below the gRPC service raises these; ``trtserve.server`` maps them to gRPC
+status codes in one table (:data:`trtserve.server.STATUS_FOR`). Nothing else imports grpc.
+
+::
+
+    TrtServeError
+    ├── InvalidRequest       permanent  INVALID_ARGUMENT    the caller sent something wrong
+    ├── ModelNotFound        permanent  NOT_FOUND           no such model or version
+    ├── Unsupported          permanent  UNIMPLEMENTED       valid, but not something trtserve does
+    ├── ResponseTooLarge     permanent  RESOURCE_EXHAUSTED  this answer exceeds the send limit
+    ├── RequestTimeout       permanent  DEADLINE_EXCEEDED   the deadline passed before it could run
+    ├── BackendError         permanent  INTERNAL            the engine failed on this batch
+    └── Retryable            (retry later, elsewhere or after backoff)
+        ├── QueueFull        RESOURCE_EXHAUSTED  the model's queue is at max_queue_size
+        ├── ModelNotReady    UNAVAILABLE         loading, failed to load, or unloading
+        └── ShuttingDown     UNAVAILABLE         the server is draining
+
+Triton answers UNAVAILABLE for a full queue and for an expired request; trtserve uses the
+codes gRPC defines for those cases (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED) on purpose.
+"""
+
+from __future__ import annotations
+
+
+class TrtServeError(Exception):
+    """Base of every error trtserve raises on purpose. The message is sent to the caller."""
+
+
+class InvalidRequest(TrtServeError):
+    """The request is malformed for this model: wrong name, datatype, shape, byte length,
+    parameter type, or content. The message names the tensor, what was expected and what came.
+    """
+
+
+class ModelNotFound(TrtServeError):
+    """No model (or version) of that name exists in the repository."""
+
+
+class Unsupported(TrtServeError):
+    """The request asks for a protocol feature trtserve does not implement."""
+
+
+class ResponseTooLarge(TrtServeError):
+    """The serialized response of this request exceeds the server's maximum send size."""
+
+
+class RequestTimeout(TrtServeError):
+    """The request's deadline passed (or would pass before it could finish), so it was not run."""
+
+
+class BackendError(TrtServeError):
+    """The engine (ONNX Runtime, TensorRT, a Python model) failed while running a batch.
+
+    Raised by ``trtserve.runtimes`` with the original exception chained (``raise ... from``).
+    Every request of the failed batch gets it; the execution slot keeps serving.
+    """
+
+
+class Retryable(TrtServeError):
+    """The request was refused for a transient reason; the same request may succeed later."""
+
+
+class QueueFull(Retryable):
+    """The model's queue holds ``max_queue_size`` requests already; nothing was queued."""
+
+
+class ModelNotReady(Retryable):
+    """The model exists but cannot serve now (loading, failed to load with a reason, or unloading)."""
+
+
+class ShuttingDown(Retryable):
+    """The server is draining: requests accepted earlier finish, new ones are refused."""
+
+
+__all__ = [
+    "BackendError",
+    "InvalidRequest",
+    "ModelNotFound",
+    "ModelNotReady",
+    "QueueFull",
+    "RequestTimeout",
+    "ResponseTooLarge",
+    "Retryable",
+    "ShuttingDown",
+    "TrtServeError",
+    "Unsupported",
+]

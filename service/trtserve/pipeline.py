@@ -1,0 +1,167 @@
+"""One served model: optional handler pre/post-processing around the batching dispatcher.
+
+A model may have a handler beside its config (``engines/<model>/handler.py``) defining::
+
+    class Handler:
+        def __init__(self, model_dir: pathlib.Path, spec: trtserve.spec.ModelSpec): ...
+        def preprocess(self, inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]] | dict[str, np.ndarray]
+        def postprocess(self, inputs: dict[str, np.ndarray], outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
+
+``preprocess`` turns one request's validated tensors into engine rows: one or more
+*segments*, each a dict of engine-input name → array with rows on axis 0 (segments may differ
+in their variable-length dims; the dispatcher pads to the longest row of each batch).
+``postprocess`` receives one output dict per segment, in order, cut back to that segment's
+rows, and returns the response tensors. Both run on the CPU pool, off the event loop, so the
+preprocessing of request N+1 overlaps the engine running batch N. Raising
+:class:`~trtserve.errors.InvalidRequest` answers INVALID_ARGUMENT; any other exception is
+INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import math
+import sys
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .batching.dispatcher import Dispatcher
+from .clock import Clock
+from .errors import BackendError, TrtServeError
+from .runtimes.base import Backend, Tensors
+from .spec import ModelSpec
+
+HANDLER_FILE = "handler.py"
+T = TypeVar("T")
+
+
+def load_handler(spec: ModelSpec) -> Any | None:
+    """Instantiate ``Handler`` from ``<model_dir>/handler.py``, or ``None`` if there is no such file.
+
+    Raises:
+        ImportError / AttributeError: the file does not define ``Handler``; the model then
+            fails to load with that reason.
+    """
+    path = spec.model_dir / HANDLER_FILE
+    if not path.is_file():
+        return None
+    module_name = f"trtserve_handler_{spec.name}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    module_spec.loader.exec_module(module)
+    return module.Handler(spec.model_dir, spec)
+
+
+class ServedModel:
+    """A loaded model: spec, handler, runtime and dispatcher.
+
+    Args:
+        spec: the model's configuration.
+        backend: its engine runtime.
+        clock: time source for deadlines.
+        pool: executor for handler pre/post-processing.
+    """
+
+    def __init__(self, spec: ModelSpec, backend: Backend, *, clock: Clock, pool: Executor) -> None:
+        self.spec = spec
+        self.backend = backend
+        self.clock = clock
+        self.pool = pool
+        self.handler = load_handler(spec)
+        if self.handler is None:
+            check_engine_io(spec, backend)
+        self.dispatcher = Dispatcher(backend, spec.policy, clock=clock)
+
+    async def start(self) -> None:
+        """Start the dispatcher, then run one request of synthetic rows through the model
+        so that the first real request does not pay for lazy initialisation, and the
+        latency model has a first measurement."""
+        self.dispatcher.start()
+        warm = {t.name: _sample(t.datatype.numpy, t.dims) for t in self.backend.inputs}
+        await self.dispatcher.submit([self.backend.prepare(warm)])
+
+    async def infer(self, inputs: Tensors, *, priority: int = 0, deadline: float = math.inf) -> Tensors:
+        """Run one request through pre-processing, the dispatcher and post-processing.
+
+        Args:
+            inputs: validated request tensors (batch on axis 0 for a batched model).
+            priority: 1 is the most urgent; 0 for the model's default.
+            deadline: monotonic seconds by which the answer is needed (``math.inf``: none).
+
+        Returns:
+            Output name → array (batch on axis 0 for a batched model).
+
+        Raises:
+            InvalidRequest, QueueFull, RequestTimeout, ShuttingDown, BackendError: see
+            :meth:`Dispatcher.submit` and the handler contract above.
+        """
+        if self.handler is not None:
+            pre = await self._on_pool(self.handler.preprocess, inputs)
+            segments = [pre] if isinstance(pre, dict) else list(pre)
+        elif self.spec.batched:
+            segments = [inputs]
+        else:
+            segments = [{name: arr[np.newaxis] for name, arr in inputs.items()}]
+        segments = [self.backend.prepare(segment) for segment in segments]
+        outputs = await self.dispatcher.submit(segments, priority=priority, deadline=deadline)
+        if self.handler is not None:
+            return await self._on_pool(self.handler.postprocess, inputs, outputs)
+        out = outputs[0]
+        if not self.spec.batched:
+            out = {name: arr[0] for name, arr in out.items()}
+        return out
+
+    async def _on_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        except TrtServeError:
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"handler {getattr(fn, '__name__', 'stage')} of model '{self.spec.name}' failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def aclose(self) -> None:
+        """Finish queued and running requests, then release the runtime."""
+        await self.dispatcher.aclose()
+        await self.backend.aclose()
+
+
+def check_engine_io(spec: ModelSpec, backend: Backend) -> None:
+    """Without a handler, the config's tensors must be the engine's own.
+
+    Raises:
+        ValueError: a configured input or output the engine lacks, or whose datatype differs.
+    """
+    for kind, configured, actual in (("input", spec.inputs, backend.inputs), ("output", spec.outputs, backend.outputs)):
+        engine = {t.name: t for t in actual}
+        for t in configured:
+            e = engine.get(t.name)
+            if e is None:
+                raise ValueError(
+                    f"config {kind} '{t.name}' is not in the model file (it has {sorted(engine)})"
+                )
+            if e.datatype != t.datatype:
+                raise ValueError(
+                    f"config {kind} '{t.name}' is {t.datatype.name} but the model file has {e.datatype.name}"
+                )
+    missing = {t.name for t in backend.inputs} - {t.name for t in spec.inputs}
+    if missing:
+        raise ValueError(f"the model file needs inputs {sorted(missing)} that the config does not declare")
+
+
+def _sample(dtype: np.dtype, dims: tuple[int, ...]) -> np.ndarray:
+    shape = (1, *(1 if d == -1 else d for d in dims))
+    if dtype == np.dtype(object):
+        arr = np.empty(shape, dtype=object)
+        arr.fill(b"")
+        return arr
+    return np.zeros(shape, dtype=dtype)

@@ -1,0 +1,43 @@
+"""Engine runtimes, picked by a model's platform."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import Unsupported
+from ..spec import ModelSpec
+from .base import Backend
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Server-wide runtime settings (from the CLI).
+
+    Attributes:
+        intra_op_threads: ONNX Runtime threads per session for one operator (0: one per core).
+        inter_op_threads: ONNX Runtime threads across operators (0: ORT's default).
+    """
+
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+
+
+def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backend:
+    """Build the runtime for ``spec`` (blocking: loads the model file).
+
+    Raises:
+        Unsupported: a platform this build cannot serve.
+        BackendError: the model file cannot be loaded.
+    """
+    if spec.platform == "onnxruntime_onnx":
+        from .onnxruntime import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(
+            spec.version_dir / "model.onnx",
+            slots=spec.instances,
+            batched=spec.batched,
+            pad_value=spec.policy.pad_value,
+            intra_op_threads=options.intra_op_threads,
+            inter_op_threads=options.inter_op_threads,
+        )
+    raise Unsupported(f"platform '{spec.platform}' is not available in this build")

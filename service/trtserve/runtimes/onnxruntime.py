@@ -1,0 +1,148 @@
+"""ONNX Runtime on the CPU: the embedded default engine.
+
+One ``InferenceSession`` per execution slot (``instance_group.count``), each run on its own
+thread so the event loop never blocks. Inputs are packed into the slot's grow-only staging
+buffers (:class:`~trtserve.runtimes.base.StagingBuffers`); outputs are the arrays ORT returns.
+onnxruntime failures become :class:`~trtserve.errors.BackendError` here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BackendError, InvalidRequest
+from ..protocol.datatypes import DATATYPES, Datatype
+from ..spec import TensorSpec
+from .base import Batch, StagingBuffers, Tensors, pack
+
+# ONNX Runtime's type strings → KServe datatypes.
+ORT_TYPES: dict[str, Datatype] = {
+    f"tensor({ort})": DATATYPES[kserve]
+    for ort, kserve in (
+        ("bool", "BOOL"),
+        ("uint8", "UINT8"),
+        ("uint16", "UINT16"),
+        ("uint32", "UINT32"),
+        ("uint64", "UINT64"),
+        ("int8", "INT8"),
+        ("int16", "INT16"),
+        ("int32", "INT32"),
+        ("int64", "INT64"),
+        ("float16", "FP16"),
+        ("bfloat16", "BF16"),
+        ("float", "FP32"),
+        ("double", "FP64"),
+        ("string", "BYTES"),
+    )
+}
+
+
+class OnnxRuntimeBackend:
+    """An ONNX model on ONNX Runtime's CPU execution provider.
+
+    Args:
+        path: the ``.onnx`` file.
+        slots: execution slots (sessions), each with its own thread.
+        batched: whether axis 0 of every tensor is the batch (``max_batch_size > 0``).
+        pad_value: fills variable-length dims up to the longest row of a batch.
+        intra_op_threads: ORT threads per session for one operator (0: ORT's default,
+            one per core).
+        inter_op_threads: ORT threads across operators (0: ORT's default).
+
+    Raises:
+        BackendError: the file cannot be loaded, or has an input/output type with no
+            KServe datatype.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        slots: int = 1,
+        batched: bool = True,
+        pad_value: float = 0.0,
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 0,
+    ) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        options.inter_op_num_threads = inter_op_threads
+        try:
+            self._sessions = [
+                ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+                for _ in range(slots)
+            ]
+        except Exception as exc:
+            raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
+        session = self._sessions[0]
+        self.inputs = tuple(_spec(a, batched, path) for a in session.get_inputs())
+        self.outputs = tuple(_spec(a, batched, path) for a in session.get_outputs())
+        self._output_names = [t.name for t in self.outputs]
+        self.slots = slots
+        self.batched = batched
+        self.pad_value = pad_value
+        self._staging = [StagingBuffers() for _ in range(slots)]
+        self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"ort-slot{i}") for i in range(slots)]
+        self._text_inputs = [t.name for t in self.inputs if t.datatype.name == "BYTES"]
+
+    def prepare(self, segment: Tensors) -> Tensors:
+        """ONNX string tensors hold UTF-8 text: BYTES elements are decoded to ``str`` here.
+
+        Raises:
+            InvalidRequest: an element is not valid UTF-8 (naming the input and element).
+        """
+        if not self._text_inputs:
+            return segment
+        segment = dict(segment)
+        for name in self._text_inputs:
+            arr = segment[name]
+            text = np.empty(arr.shape, dtype=object)
+            flat, out = arr.reshape(-1), text.reshape(-1)
+            for i, value in enumerate(flat):
+                try:
+                    out[i] = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+                except UnicodeDecodeError as exc:
+                    raise InvalidRequest(
+                        f"input '{name}' element {i} is not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+                        "ONNX string tensors hold UTF-8 text"
+                    ) from None
+            segment[name] = text
+        return segment
+
+    async def run(self, slot: int, batch: Batch) -> Tensors:
+        """Run ``batch`` on session ``slot`` in that slot's thread. See :class:`~trtserve.runtimes.base.Backend`."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads[slot], self._run, slot, batch)
+
+    def _run(self, slot: int, batch: Batch) -> Tensors:
+        feed = pack(batch, self.inputs, self._staging[slot], self.pad_value)
+        if not self.batched:
+            feed = {name: arr[0] for name, arr in feed.items()}
+        try:
+            results = self._sessions[slot].run(self._output_names, feed)
+        except Exception as exc:
+            raise BackendError(f"onnxruntime failed on a batch of {batch.rows} rows: {exc}") from exc
+        outputs = dict(zip(self._output_names, results))
+        if not self.batched:
+            outputs = {name: arr[np.newaxis] for name, arr in outputs.items()}
+        return outputs
+
+    async def aclose(self) -> None:
+        for thread in self._threads:
+            thread.shutdown(wait=True)
+        self._sessions.clear()
+
+
+def _spec(arg: object, batched: bool, path: Path) -> TensorSpec:
+    name = arg.name  # type: ignore[attr-defined]
+    datatype = ORT_TYPES.get(arg.type)  # type: ignore[attr-defined]
+    if datatype is None:
+        raise BackendError(f"{path}: tensor '{name}' has type {arg.type}, which has no KServe datatype")  # type: ignore[attr-defined]
+    dims = tuple(d if isinstance(d, int) and d > 0 else -1 for d in arg.shape)  # type: ignore[attr-defined]
+    return TensorSpec(name, datatype, dims[1:] if batched else dims)

@@ -1,0 +1,72 @@
+"""Immutable descriptions of a model and its tensors, built by ``trtserve.repository``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .batching.config import BatchingPolicy
+from .protocol.datatypes import Datatype
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output tensor.
+
+    Attributes:
+        name: tensor name as clients send it.
+        datatype: its KServe datatype.
+        dims: shape *without* the batch dimension; -1 marks a variable-size dimension.
+        optional: an input the request may leave out.
+    """
+
+    name: str
+    datatype: Datatype
+    dims: tuple[int, ...]
+    optional: bool = False
+
+    def shape(self, batched: bool) -> list[int]:
+        """The shape clients see in ModelMetadata: ``[-1, *dims]`` for a batched model."""
+        return [-1, *self.dims] if batched else list(self.dims)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as configured in ``engines/<name>/config.pbtxt``.
+
+    Attributes:
+        name: model name.
+        version: the version served (a numeric directory under the model directory).
+        platform: ``onnxruntime_onnx``, ``tensorrt_plan`` or ``python``.
+        inputs, outputs: the client-facing tensors (with a handler these may differ from the
+            engine's own tensors, which the runtime reads from the model file).
+        policy: the batching policy (``max_batch_size``, queue delay, priorities, timeouts).
+        instances: execution slots (``instance_group.count``, summed over groups).
+        model_dir: ``engines/<name>``; ``version_dir``: ``engines/<name>/<version>``.
+        parameters: the config's string ``parameters``.
+        config: the parsed ``inference.ModelConfig`` message, returned by the ModelConfig RPC.
+    """
+
+    name: str
+    version: str
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    policy: BatchingPolicy
+    instances: int
+    model_dir: Path
+    version_dir: Path
+    parameters: dict[str, str] = field(default_factory=dict)
+    config: Any = None
+
+    @property
+    def batched(self) -> bool:
+        """Whether tensors carry a leading batch dimension (``max_batch_size > 0``)."""
+        return self.policy.max_batch_size > 0
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.outputs if t.name == name), None)

@@ -1,0 +1,251 @@
+"""Dispatcher behaviour on a fake clock with a scripted engine: exact, no real waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from fakes import FakeBackend, rows
+from trtserve.batching.config import BatchingPolicy, TimeoutAction
+from trtserve.batching.dispatcher import Dispatcher
+from trtserve.clock import FakeClock, settle
+from trtserve.errors import BackendError, QueueFull, RequestTimeout, ShuttingDown
+
+
+def make(policy: BatchingPolicy, **backend_kw) -> tuple[FakeClock, FakeBackend, Dispatcher]:
+    clock = FakeClock()
+    backend = FakeBackend(clock, **backend_kw)
+    dispatcher = Dispatcher(backend, policy, clock=clock)
+    dispatcher.start()
+    return clock, backend, dispatcher
+
+
+async def test_idle_slot_runs_a_single_request_at_once():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8))
+    fut = d.submit(rows(1))
+    await settle()
+    assert backend.batches == [(clock.now(), backend.batches[0][1])]  # started with no time passing
+    assert backend.sizes() == [1]
+    await clock.advance(0.010)
+    assert fut.done()
+    np.testing.assert_array_equal(fut.result()[0]["y"], [[2.0]])
+
+
+async def test_batches_grow_while_the_slot_is_busy():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8))
+    first = d.submit(rows(1))
+    await settle()
+    later = [d.submit(rows(i)) for i in range(2, 7)]  # arrive while batch 1 runs
+    await settle()
+    assert backend.sizes() == [1]
+    await clock.advance(0.010)
+    assert first.done()
+    assert backend.sizes() == [1, 5]
+    assert backend.ids()[1] == [2, 3, 4, 5, 6]
+    await clock.advance(0.010)
+    for i, fut in enumerate(later, start=2):
+        np.testing.assert_array_equal(fut.result()[0]["y"], [[2.0 * i]])
+
+
+async def test_batch_never_exceeds_max_batch_size_in_rows():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=4))
+    d.submit(rows(0))
+    await settle()
+    futs = [d.submit(rows(i, n=3)) for i in (1, 2, 3)]  # 9 rows queued behind a busy slot
+    await clock.advance(0.010)
+    await clock.advance(0.010)
+    await clock.advance(0.010)
+    await clock.advance(0.010)
+    assert max(backend.sizes()) <= 4
+    assert sum(backend.sizes()) == 1 + 9
+    for i, fut in zip((1, 2, 3), futs):
+        np.testing.assert_array_equal(fut.result()[0]["y"], np.full((3, 1), 2.0 * i))
+
+
+async def test_oversized_request_is_split_and_gathered_in_order():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=4))
+    x = np.arange(10, dtype=np.float32).reshape(10, 1)
+    fut = d.submit([{"x": x}])
+    for _ in range(3):
+        await clock.advance(0.010)
+    assert backend.sizes() == [4, 4, 2]
+    np.testing.assert_array_equal(fut.result()[0]["y"], 2 * x)
+
+
+async def test_max_queue_delay_waits_for_more_rows_then_dispatches():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8, max_queue_delay=0.100))
+    d.submit(rows(1))
+    await clock.advance(0.020)
+    d.submit(rows(2))
+    await clock.advance(0.050)
+    assert backend.sizes() == []  # 70 ms after the first row: still waiting
+    await clock.advance(0.031)  # the oldest row reaches 100 ms
+    assert backend.sizes() == [2]
+    assert backend.batches[0][0] == pytest.approx(1000.100, abs=1e-9)
+
+
+async def test_full_batch_dispatches_before_the_queue_delay():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=3, max_queue_delay=1.0))
+    for i in range(3):
+        d.submit(rows(i))
+    await settle()
+    assert backend.sizes() == [3]
+    assert backend.batches[0][0] == clock.now()
+
+
+async def test_deadline_sends_a_partial_batch_early():
+    # Queue delay 1 s, but a row due in 100 ms: with 10 ms predicted run time the batch must
+    # go by t+90 ms, not wait the full second.
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8, max_queue_delay=1.0))
+    d.latency.observe(1, 0.010)
+    d.latency.observe(8, 0.010)
+    start = clock.now()
+    fut = d.submit(rows(1), deadline=start + 0.100)
+    await clock.advance(0.080)
+    assert backend.sizes() == []
+    await clock.advance(0.015)
+    assert backend.sizes() == [1]
+    assert start + 0.080 < backend.batches[0][0] <= start + 0.090 + 1e-9
+    await clock.advance(0.010)
+    assert fut.result()[0]["y"][0, 0] == 2.0
+
+
+async def test_expired_requests_are_answered_and_never_run():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8), latency=lambda r: 1.0)
+    d.submit(rows(0))  # occupies the only slot for 1 s
+    await settle()
+    doomed = [d.submit(rows(i), deadline=clock.now() + 0.5) for i in (1, 2, 3)]
+    kept = d.submit(rows(9), deadline=clock.now() + 5.0)
+    await clock.advance(0.5)
+    for fut in doomed:
+        assert isinstance(fut.exception(), RequestTimeout)
+    assert len(d.queue) == 1
+    await clock.advance(0.5)
+    await clock.advance(1.0)
+    assert kept.result()[0]["y"][0, 0] == 18.0
+    assert [i for batch in backend.ids() for i in batch] == [0, 9]
+    assert d.stats.expired_before_run == 3
+
+
+async def test_a_deadline_already_too_close_is_refused_at_submit():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8))
+    d.latency.observe(1, 0.050)
+    with pytest.raises(RequestTimeout):
+        d.submit(rows(1), deadline=clock.now() + 0.010)
+    assert len(d.queue) == 0
+
+
+async def test_delay_action_keeps_expired_requests_behind_everything_else():
+    clock, backend, d = make(
+        BatchingPolicy(max_batch_size=1, timeout_action=TimeoutAction.DELAY), latency=lambda r: 1.0
+    )
+    d.submit(rows(0))
+    await settle()
+    late = d.submit(rows(1), deadline=clock.now() + 0.5)
+    on_time = d.submit(rows(2))
+    for _ in range(4):
+        await clock.advance(1.0)
+    assert late.done() and not late.cancelled() and late.exception() is None
+    assert [b[0] for b in backend.ids()] == [0, 2, 1]
+
+
+async def test_cancelled_request_leaves_the_queue_at_once_and_never_runs():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8))
+    d.submit(rows(0))
+    await settle()
+    gone = d.submit(rows(1))
+    stays = d.submit(rows(2))
+    gone.cancel()
+    await settle()
+    assert len(d.queue) == 1
+    await clock.advance(0.010)
+    await clock.advance(0.010)
+    assert backend.ids() == [[0], [2]]
+    assert stays.result()[0]["y"][0, 0] == 4.0
+
+
+async def test_priority_then_deadline_then_arrival_order():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=1, priority_levels=3, default_priority=2))
+    d.submit(rows(0))
+    await settle()
+    d.submit(rows(1), priority=3)
+    d.submit(rows(2))  # default level 2
+    d.submit(rows(3), priority=1)
+    d.submit(rows(4), priority=2, deadline=clock.now() + 10)
+    d.submit(rows(5), priority=1)
+    for _ in range(6):
+        await clock.advance(0.010)
+    assert [b[0] for b in backend.ids()] == [0, 3, 5, 4, 2, 1]
+
+
+async def test_variable_length_rows_are_padded_and_cut_back():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8))
+    d.submit(rows(0))
+    await settle()
+    short = d.submit(rows(1, length=2))
+    long = d.submit(rows(2, length=5))
+    await clock.advance(0.010)
+    await clock.advance(0.010)
+    (_, batch) = backend.batches[1]
+    assert [p["x"].shape for p in batch.parts] == [(1, 2), (1, 5)]
+    np.testing.assert_array_equal(short.result()[0]["y"], [[2.0, 2.0]])
+    np.testing.assert_array_equal(long.result()[0]["y"], [[4.0, 2.0, 4.0, 6.0, 8.0]])
+
+
+async def test_engine_failure_fails_only_that_batch_and_the_slot_keeps_serving():
+    clock, backend, d = make(
+        BatchingPolicy(max_batch_size=8), fail_when=lambda b: any(p["x"][0, 0] == 1 for p in b.parts)
+    )
+    bad = d.submit(rows(1))
+    await settle()
+    good = d.submit(rows(2))
+    await clock.advance(0.010)
+    await clock.advance(0.010)
+    assert isinstance(bad.exception(), BackendError)
+    assert good.result()[0]["y"][0, 0] == 4.0
+
+
+async def test_full_queue_refuses_without_blocking():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=1, max_queue_size=2))
+    d.submit(rows(0))
+    await settle()
+    d.submit(rows(1))
+    d.submit(rows(2))
+    with pytest.raises(QueueFull, match="queue is full"):
+        d.submit(rows(3))
+
+
+async def test_several_slots_run_batches_concurrently():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=2), slots=2)
+    futs = [d.submit(rows(i)) for i in range(4)]
+    await settle()
+    assert backend.sizes() == [2, 2]
+    assert backend.max_running == 2
+    await clock.advance(0.010)
+    assert all(f.done() for f in futs)
+
+
+async def test_close_finishes_queued_work_and_refuses_new():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=1))
+    futs = [d.submit(rows(i)) for i in range(3)]
+    closing = asyncio.ensure_future(d.aclose())
+    await settle()
+    with pytest.raises(ShuttingDown):
+        d.submit(rows(9))
+    for _ in range(3):
+        await clock.advance(0.010)
+    await closing
+    assert [f.result()[0]["y"][0, 0] for f in futs] == [0.0, 2.0, 4.0]
+
+
+async def test_no_deadline_means_no_expiry():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=1), latency=lambda r: 100.0)
+    d.submit(rows(0))
+    await settle()
+    waiting = d.submit(rows(1), deadline=math.inf)
+    await clock.advance(100.0)
+    await clock.advance(100.0)
+    assert waiting.result()[0]["y"][0, 0] == 2.0
