@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import importlib.util
 import logging
 import signal
@@ -46,13 +47,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_repository(build)
     build.add_argument("--force", action="store_true", help="rebuild even when inputs are unchanged")
     build.add_argument("models", nargs="*", help="only these models (default: all with a build.py)")
+
+    for name, help_text in TOOLS.items():
+        tool = sub.add_parser(name, help=help_text)
+        _add_repository(tool)
+        importlib.import_module(f"trtserve.tools.{name}").add_arguments(tool)
     return parser
+
+
+# Subcommands implemented in trtserve/tools/<name>.py: add_arguments(parser) and run(args) -> int.
+TOOLS = {
+    "demo": "the main job on real data: STS-B dev through a live server, then a corpus embed",
+    "check": "check that a model (and its handler) gives the same answers batched as alone",
+    "bench": "served throughput and latency against the raw engine, in one run, with plots",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``trtserve`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command in TOOLS:
+        return importlib.import_module(f"trtserve.tools.{args.command}").run(args)
     return {"serve": cmd_serve, "build": cmd_build}[args.command](args)
 
 

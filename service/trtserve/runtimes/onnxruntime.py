@@ -144,5 +144,12 @@ def _spec(arg: object, batched: bool, path: Path) -> TensorSpec:
     datatype = ORT_TYPES.get(arg.type)  # type: ignore[attr-defined]
     if datatype is None:
         raise BackendError(f"{path}: tensor '{name}' has type {arg.type}, which has no KServe datatype")  # type: ignore[attr-defined]
+    if datatype.name == "BF16":
+        # ORT's Python API can take a bfloat16 input (OrtValue) but cannot hand one back as
+        # numpy; refuse at load rather than convert silently.
+        raise BackendError(
+            f"{path}: tensor '{name}' is bfloat16, which the ONNX Runtime engine cannot exchange with numpy; "
+            "cast it to FP32 in the graph or serve the model with TensorRT"
+        )
     dims = tuple(d if isinstance(d, int) and d > 0 else -1 for d in arg.shape)  # type: ignore[attr-defined]
     return TensorSpec(name, datatype, dims[1:] if batched else dims)
