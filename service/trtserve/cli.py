@@ -26,8 +26,9 @@ def _add_repository(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-repository", type=Path, default=Path("engines"), help="model repository directory (default: engines)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trtserve", description=__doc__.splitlines()[0])
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; only the ``selected`` tool's module is imported for its flags."""
+    parser = argparse.ArgumentParser(prog="trtserve", description="trtserve: a gRPC inference server (KServe v2 / Triton protocol) with a deadline-aware batching dispatcher.")
     parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -51,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in TOOLS.items():
         tool = sub.add_parser(name, help=help_text)
         _add_repository(tool)
-        importlib.import_module(f"trtserve.tools.{name}").add_arguments(tool)
+        if name == selected:
+            importlib.import_module(f"trtserve.tools.{name}").add_arguments(tool)
     return parser
 
 
@@ -65,7 +67,9 @@ TOOLS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``trtserve`` command; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    selected = next((a for a in argv if a in TOOLS), None)
+    args = build_parser(selected).parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in TOOLS:
         return importlib.import_module(f"trtserve.tools.{args.command}").run(args)

@@ -98,6 +98,23 @@ def identity(datatype: str = "FP32", dims: tuple[int, ...] = (-1,), batched: boo
     return _model(graph)
 
 
+def mean_over_sequence():
+    """A batch-*unsafe* model: FP32 INPUT0 [-1, -1] → OUTPUT0 [-1, 1], the mean over axis 1.
+
+    Padding a short row to a batch's longest row changes its mean: ``trtserve check`` must
+    catch it.
+    """
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["INPUT0"], ["OUTPUT0"], axes=[1], keepdims=1)],  # opset 17 form
+        "mean_over_sequence",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "seq"])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 1])],
+    )
+    return _model(graph)
+
+
 def _model(graph: object):
     from onnx import checker, helper
 

@@ -80,9 +80,7 @@ class OnnxRuntimeBackend:
             ]
         except Exception as exc:
             raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
-        session = self._sessions[0]
-        self.inputs = tuple(_spec(a, batched, path) for a in session.get_inputs())
-        self.outputs = tuple(_spec(a, batched, path) for a in session.get_outputs())
+        self.inputs, self.outputs = engine_tensors(self._sessions[0], batched, path)
         self._output_names = [t.name for t in self.outputs]
         self.slots = slots
         self.batched = batched
@@ -137,6 +135,18 @@ class OnnxRuntimeBackend:
         for thread in self._threads:
             thread.shutdown(wait=True)
         self._sessions.clear()
+
+
+def engine_tensors(session: object, batched: bool, path: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The (inputs, outputs) of an ``onnxruntime.InferenceSession`` as KServe tensors
+    (dims without the batch axis when ``batched``; symbolic dims become -1).
+
+    Raises:
+        BackendError: a tensor type with no KServe datatype, or bfloat16 (see below).
+    """
+    inputs = tuple(_spec(a, batched, path) for a in session.get_inputs())  # type: ignore[attr-defined]
+    outputs = tuple(_spec(a, batched, path) for a in session.get_outputs())  # type: ignore[attr-defined]
+    return inputs, outputs
 
 
 def _spec(arg: object, batched: bool, path: Path) -> TensorSpec:
