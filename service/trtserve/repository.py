@@ -21,7 +21,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from ._proto.inference import model_config_pb2 as mc
-from .batching.config import BatchingPolicy, TimeoutAction
+from .batching.config import BatchingPolicy, QueuePolicy, TimeoutAction
 from .clock import Clock
 from .errors import ModelNotFound, ModelNotReady
 from .pipeline import ServedModel
@@ -101,6 +101,23 @@ def load_spec(model_dir: Path) -> ModelSpec:
 
 
 def _platform(config: mc.ModelConfig, version_dir: Path, path: Path) -> str:
+    platform = _declared_or_found_platform(config, version_dir, path)
+    if platform == "tensorrt_plan" and (version_dir / "model.onnx").is_file():
+        # The GPU rule: a TensorRT model (declared, or found by its model.plan) whose version
+        # directory also holds the ONNX file it was built from is served from that file by
+        # ONNX Runtime where this machine has no TensorRT or no CUDA device (ModelMetadata
+        # then says onnxruntime_onnx). Without model.onnx it stays tensorrt_plan and fails to
+        # load with the sentence saying what is missing; the other models still serve.
+        from .runtimes.tensorrt import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            log.info("%s: serving model.onnx with ONNX Runtime instead of model.plan: %s", path.parent.name, reason)
+            return "onnxruntime_onnx"
+    return platform
+
+
+def _declared_or_found_platform(config: mc.ModelConfig, version_dir: Path, path: Path) -> str:
     declared = config.platform or config.backend
     if declared:
         if declared not in PLATFORMS:
@@ -126,21 +143,43 @@ def _tensor(t: mc.ModelInput | mc.ModelOutput, path: Path, kind: str) -> TensorS
     return TensorSpec(t.name, datatype, dims, optional)
 
 
+def _queue_policy(queue: mc.ModelQueuePolicy) -> QueuePolicy:
+    return QueuePolicy(
+        timeout_action=TimeoutAction(mc.ModelQueuePolicy.TimeoutAction.Name(queue.timeout_action)),
+        default_timeout=queue.default_timeout_microseconds / 1e6 if queue.default_timeout_microseconds else math.inf,
+        allow_timeout_override=queue.allow_timeout_override,
+        max_queue_size=queue.max_queue_size,
+    )
+
+
 def _policy(config: mc.ModelConfig, parameters: dict[str, str]) -> BatchingPolicy:
+    """The batching policy: Triton's fields, plus trtserve's ``parameters``:
+    ``batching`` ("adaptive", the default, or "fixed"), ``adaptive_batch_size`` ("true"),
+    ``latency_budget_us``, ``priority_aging_us``, ``pad_value``, ``split_oversized_requests``."""
     db = config.dynamic_batching
-    queue = db.default_queue_policy
-    timeout = queue.default_timeout_microseconds / 1e6 if queue.default_timeout_microseconds else math.inf
+
+    def number(key: str, default: float) -> float:
+        try:
+            return float(parameters.get(key, default))
+        except ValueError:
+            raise ValueError(f"parameter {key} must be a number, got '{parameters[key]}'") from None
+
+    batching = parameters.get("batching", "adaptive")
+    if batching not in ("adaptive", "fixed"):
+        raise ValueError(f"parameter batching must be 'adaptive' or 'fixed', got '{batching}'")
     return BatchingPolicy(
         max_batch_size=config.max_batch_size,
         max_queue_delay=db.max_queue_delay_microseconds / 1e6,
         preferred_batch_sizes=tuple(db.preferred_batch_size),
         priority_levels=db.priority_levels,
         default_priority=db.default_priority_level,
-        timeout_action=TimeoutAction(mc.ModelQueuePolicy.TimeoutAction.Name(queue.timeout_action)),
-        default_timeout=timeout,
-        allow_timeout_override=queue.allow_timeout_override,
-        max_queue_size=queue.max_queue_size,
-        pad_value=float(parameters.get("pad_value", 0.0)),
+        default_queue=_queue_policy(db.default_queue_policy),
+        priority_queues={int(level): _queue_policy(q) for level, q in db.priority_queue_policy.items()},
+        priority_aging=number("priority_aging_us", 1e6) / 1e6,
+        adaptive=batching == "adaptive",
+        adaptive_batch_size=parameters.get("adaptive_batch_size", "false").lower() == "true",
+        latency_budget=number("latency_budget_us", math.inf) / 1e6,
+        pad_value=number("pad_value", 0.0),
         split_oversized=parameters.get("split_oversized_requests", "true").lower() != "false",
     )
 

@@ -26,6 +26,7 @@ def text(*values: bytes) -> dict[str, np.ndarray]:
     return {"TEXT": np.array([[v] for v in values], dtype=object)}
 
 
+@pytest.mark.timeout(900)
 def test_stsb_dev_through_the_live_server_reproduces_the_reference(server):
     first, second, gold = read_stsb(DATA / "stsb" / "dev.tsv")
     sentences = [(str(i), s) for i, s in enumerate(first + second)]

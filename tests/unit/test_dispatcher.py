@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend, rows
-from trtserve.batching.config import BatchingPolicy, TimeoutAction
+from trtserve.batching.config import BatchingPolicy, QueuePolicy, TimeoutAction
 from trtserve.batching.dispatcher import Dispatcher
 from trtserve.clock import FakeClock, settle
 from trtserve.errors import BackendError, QueueFull, RequestTimeout, ShuttingDown
@@ -76,7 +76,7 @@ async def test_oversized_request_is_split_and_gathered_in_order():
 
 
 async def test_max_queue_delay_waits_for_more_rows_then_dispatches():
-    clock, backend, d = make(BatchingPolicy(max_batch_size=8, max_queue_delay=0.100))
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8, max_queue_delay=0.100, adaptive=False))
     d.submit(rows(1))
     await clock.advance(0.020)
     d.submit(rows(2))
@@ -88,7 +88,7 @@ async def test_max_queue_delay_waits_for_more_rows_then_dispatches():
 
 
 async def test_full_batch_dispatches_before_the_queue_delay():
-    clock, backend, d = make(BatchingPolicy(max_batch_size=3, max_queue_delay=1.0))
+    clock, backend, d = make(BatchingPolicy(max_batch_size=3, max_queue_delay=1.0, adaptive=False))
     for i in range(3):
         d.submit(rows(i))
     await settle()
@@ -99,7 +99,7 @@ async def test_full_batch_dispatches_before_the_queue_delay():
 async def test_deadline_sends_a_partial_batch_early():
     # Queue delay 1 s, but a row due in 100 ms: with 10 ms predicted run time the batch must
     # go by t+90 ms, not wait the full second.
-    clock, backend, d = make(BatchingPolicy(max_batch_size=8, max_queue_delay=1.0))
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8, max_queue_delay=1.0, adaptive=False))
     d.latency.observe(1, 0.010)
     d.latency.observe(8, 0.010)
     start = clock.now()
@@ -140,7 +140,7 @@ async def test_a_deadline_already_too_close_is_refused_at_submit():
 
 async def test_delay_action_keeps_expired_requests_behind_everything_else():
     clock, backend, d = make(
-        BatchingPolicy(max_batch_size=1, timeout_action=TimeoutAction.DELAY), latency=lambda r: 1.0
+        BatchingPolicy(max_batch_size=1, default_queue=QueuePolicy(timeout_action=TimeoutAction.DELAY)), latency=lambda r: 1.0
     )
     d.submit(rows(0))
     await settle()
@@ -209,7 +209,7 @@ async def test_engine_failure_fails_only_that_batch_and_the_slot_keeps_serving()
 
 
 async def test_full_queue_refuses_without_blocking():
-    clock, backend, d = make(BatchingPolicy(max_batch_size=1, max_queue_size=2))
+    clock, backend, d = make(BatchingPolicy(max_batch_size=1, default_queue=QueuePolicy(max_queue_size=2)))
     d.submit(rows(0))
     await settle()
     d.submit(rows(1))

@@ -22,9 +22,13 @@ from ..errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
 from ..runtimes.base import Backend, Batch, unpack
 from .config import BatchingPolicy, TimeoutAction
 from .latency import LatencyModel
-from .policy import decide
+from .policy import Inputs, adaptive_cap, decide
 from .queue import Piece, QueueEntry, RequestQueue, Segment
+from .rate import ArrivalRate
 from .stats import DispatchStats
+
+# With adaptive_batch_size, the cap is recomputed from the latency curve every this many batches.
+CAP_REFRESH_BATCHES = 16
 
 
 class Dispatcher:
@@ -57,7 +61,9 @@ class Dispatcher:
         self.clock = clock or MonotonicClock()
         self.latency = latency or LatencyModel()
         self.stats = stats or DispatchStats()
-        self.queue = RequestQueue(policy.max_queue_size)
+        self.queue = RequestQueue()
+        self.arrivals = ArrivalRate()
+        self.cap = policy.rows_per_batch
         self._idle = list(range(backend.slots))
         self._running: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
@@ -98,21 +104,26 @@ class Dispatcher:
         if self._closing:
             raise ShuttingDown("the server is shutting down and accepts no new requests")
         now = self.clock.now()
-        if deadline < now + self.latency.predict(1):
+        level = self.policy.level(priority)
+        future: asyncio.Future[list[Segment]] = asyncio.get_running_loop().create_future()
+        entry = QueueEntry(segments, level, level, deadline, now, future)
+        if deadline < now + self.latency.predict(1, entry.length):
             self.stats.expired_before_run += 1
             raise RequestTimeout("the request's deadline passed before it could run")
-        future: asyncio.Future[list[Segment]] = asyncio.get_running_loop().create_future()
-        entry = QueueEntry(
-            segments,
-            priority or self.policy.default_priority,
-            deadline,
-            now,
-            future,
-        )
-        self.queue.push(entry)
+        self.queue.push(entry, self.policy.queue_policy(level).max_queue_size)
+        self.arrivals.observe(now, entry.rows)
         future.add_done_callback(lambda _f: self._on_done(entry))
         self._wake.set()
         return future
+
+    def set_policy(self, policy: BatchingPolicy) -> None:
+        """Replace the batching policy; it applies from the next decision on. Queued and
+        running requests are kept (a smaller ``max_queue_size`` only refuses new ones)."""
+        if (policy.max_batch_size == 0) != (self.policy.max_batch_size == 0):
+            raise ValueError("max_batch_size cannot change between 0 (no batch dimension) and > 0 at run time")
+        self.policy = policy
+        self.cap = policy.rows_per_batch if not policy.adaptive_batch_size else min(self.cap, policy.rows_per_batch)
+        self._wake.set()
 
     @property
     def idle_slots(self) -> int:
@@ -133,11 +144,12 @@ class Dispatcher:
         while True:
             self._wake.clear()
             now = self.clock.now()
-            decision = decide(self.queue.entries, now, len(self._idle), self.policy, self.latency.predict)
+            inputs = Inputs(now, len(self._idle), self.backend.slots, self.arrivals.rate(now), self.cap)
+            decision = decide(self.queue.entries, inputs, self.policy, self.latency)
             for entry in decision.expired:
                 self._expire(entry)
-            if decision.run_rows:
-                self._launch(self.queue.take(decision.run_rows), now)
+            if decision.batch:
+                self._launch(self.queue.take(decision.batch))
                 continue
             if self._closing and not self.queue.entries and len(self._idle) == self.backend.slots:
                 return
@@ -156,27 +168,30 @@ class Dispatcher:
             sleeper.cancel()
 
     def _expire(self, entry: QueueEntry) -> None:
-        if self.policy.timeout_action is TimeoutAction.DELAY:
+        if self.policy.queue_policy(entry.level).timeout_action is TimeoutAction.DELAY:
             self.queue.reprioritize(entry, self.policy.lowest_priority)
             return
         self.queue.remove(entry)
         self.stats.expired_before_run += 1
         _fail(entry, RequestTimeout("the request's deadline passed while it was queued; it was not run"))
 
-    def _launch(self, pieces: list[Piece], now: float) -> None:
+    def _launch(self, pieces: list[Piece]) -> None:
         slot = self._idle.pop()
-        task = asyncio.get_running_loop().create_task(self._run(slot, pieces, now))
+        task = asyncio.get_running_loop().create_task(self._run(slot, pieces))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _run(self, slot: int, pieces: Sequence[Piece], queued_until: float) -> None:
+    async def _run(self, slot: int, pieces: Sequence[Piece]) -> None:
         batch = Batch(tuple(p.inputs() for p in pieces), sum(p.rows for p in pieces))
+        length = max(p.entry.length for p in pieces)
+        real = sum(p.rows * p.entry.length for p in pieces)
         start = self.clock.now()
         try:
             outputs = await self.backend.run(slot, batch)
             elapsed = self.clock.now() - start
-            self.latency.observe(batch.rows, elapsed)
-            self.stats.record_batch(batch.rows, elapsed)
+            self.latency.observe(batch.rows, elapsed, length)
+            self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length, real=real)
+            self._refresh_cap(length)
             self._deliver(pieces, batch, outputs)
         except TrtServeError as exc:
             self._fail_pieces(pieces, exc)
@@ -185,6 +200,10 @@ class Dispatcher:
         finally:
             self._idle.append(slot)
             self._wake.set()
+
+    def _refresh_cap(self, length: int) -> None:
+        if self.policy.adaptive_batch_size and self.stats.batches % CAP_REFRESH_BATCHES == 0:
+            self.cap = adaptive_cap(self.latency, self.policy, length)
 
     def _deliver(self, pieces: Sequence[Piece], batch: Batch, outputs: Segment) -> None:
         for name, arr in outputs.items():

@@ -1,10 +1,20 @@
-"""Predicted engine run time per batch size, learned from measured batches.
+"""Predicted engine run time of a batch, learned from measured batches.
 
-The dispatch policy asks "how long would a batch of b rows take?" to decide whether a queued
-request can still meet its deadline and how long it may wait for more rows. The model keeps
-an exponentially weighted mean per power-of-two bucket of the batch size and interpolates
-linearly between measured buckets (run time is close to affine in rows on both CPU and GPU
-engines); an unmeasured size above every bucket is extrapolated from the per-row slope.
+The dispatch policy asks "how long would a batch of b rows, padded to length s, take?" to
+decide whether a queued request can still meet its deadline, whether waiting for more rows
+pays off, and which batch size is the knee of the throughput curve.
+
+The model keeps, per (rows bucket, length bucket) with power-of-two buckets, a running centroid
+(mean rows, mean seconds) of the batches measured there; ``length`` is the padded size of the
+batch's variable-length dims (1 for fixed shapes), and a sample is scaled to its length
+bucket's upper bound in proportion to the length. Within a length bucket the prediction
+interpolates linearly between centroids (run time is close to affine in rows on CPU and GPU
+engines, so centroids of an affine curve lie on it) and extrapolates from the last slope
+beyond them; an unmeasured length bucket is scaled from the nearest measured one in
+proportion to the length. Each update moves the estimate a fraction ``alpha`` of the way to the new sample,
+after clipping the sample to ``clip`` times the current estimate (and not below 1/clip of it),
+so one outlier (a GC pause, a noisy neighbour) moves it little while a lasting drift is followed
+within a few dozen batches.
 """
 
 from __future__ import annotations
@@ -12,63 +22,86 @@ from __future__ import annotations
 import bisect
 
 
-def _bucket(rows: int) -> int:
-    """The power of two at or above ``rows`` (1, 2, 4, 8, ...)."""
-    return 1 << max(rows - 1, 0).bit_length()
+def bucket(n: int) -> int:
+    """The power of two at or above ``n`` (1, 2, 4, 8, ...)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 class LatencyModel:
-    """Predicted run time (seconds) of one batch, by rows.
+    """Predicted run time (seconds) of one batch, by rows and padded length.
 
     Not thread-safe: updated and read only from the dispatcher's event loop.
 
     Args:
-        alpha: weight of a new measurement in the running mean of its bucket (0..1].
-        seed: run time in seconds assumed for a batch of one before anything is measured.
+        alpha: weight of a new measurement (0..1].
+        clip: a sample is clipped into [estimate / clip, estimate * clip] before it is used.
+        seed: run time in seconds assumed before anything is measured.
     """
 
-    def __init__(self, alpha: float = 0.2, seed: float = 0.0) -> None:
+    def __init__(self, alpha: float = 0.2, clip: float = 3.0, seed: float = 0.0) -> None:
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        if clip < 1:
+            raise ValueError(f"clip must be >= 1, got {clip}")
         self._alpha = alpha
+        self._clip = clip
         self._seed = seed
-        self._buckets: list[int] = []  # sorted bucket sizes with a measurement
-        self._mean: dict[int, float] = {}
+        # length bucket -> row bucket -> [mean rows, mean seconds]
+        self._tables: dict[int, dict[int, list[float]]] = {}
+        self._lengths: list[int] = []
 
-    def observe(self, rows: int, seconds: float) -> None:
-        """Record that a batch of ``rows`` rows ran in ``seconds``."""
-        bucket = _bucket(rows)
-        # Scale to the bucket's size so that partial buckets do not bias it low.
-        value = seconds * bucket / rows if rows > 1 else seconds
-        if bucket in self._mean:
-            self._mean[bucket] += self._alpha * (value - self._mean[bucket])
-        else:
-            self._mean[bucket] = value
-            bisect.insort(self._buckets, bucket)
+    @property
+    def measured(self) -> bool:
+        """Whether any batch has been observed."""
+        return bool(self._lengths)
 
-    def predict(self, rows: int) -> float:
-        """Predicted run time in seconds of a batch of ``rows`` rows (>= 1)."""
-        buckets = self._buckets
-        if not buckets:
+    def observe(self, rows: int, seconds: float, length: int = 1) -> None:
+        """Record that a batch of ``rows`` rows padded to ``length`` ran in ``seconds``."""
+        lb = bucket(length)
+        value = seconds * lb / max(length, 1)
+        if lb not in self._tables:
+            self._tables[lb] = {}
+            bisect.insort(self._lengths, lb)
+        table = self._tables[lb]
+        point = table.get(bucket(rows))
+        if point is None:
+            table[bucket(rows)] = [float(rows), value]
+            self._tables[lb] = dict(sorted(table.items()))
+            return
+        expected = _interpolate(table, rows)
+        value = min(max(value, expected / self._clip), expected * self._clip)
+        point[0] += self._alpha * (rows - point[0])
+        point[1] += self._alpha * (value - point[1])
+
+    def predict(self, rows: int, length: int = 1) -> float:
+        """Predicted run time in seconds of a batch of ``rows`` rows (>= 1) padded to ``length``."""
+        if not self._lengths:
             return self._seed
-        rows = max(rows, 1)
-        i = bisect.bisect_left(buckets, rows)
-        if i < len(buckets) and buckets[i] == rows:
-            return self._mean[rows]
-        if i == 0:
-            # Below the smallest measurement: assume no cheaper than it scaled down linearly.
-            return self._mean[buckets[0]] * rows / buckets[0]
-        lo = buckets[i - 1]
-        if i == len(buckets):
-            if len(buckets) == 1:
-                return self._mean[lo] * rows / lo
-            prev = buckets[-2]
-            slope = (self._mean[lo] - self._mean[prev]) / (lo - prev)
-            return self._mean[lo] + max(slope, 0.0) * (rows - lo)
-        hi = buckets[i]
-        frac = (rows - lo) / (hi - lo)
-        return self._mean[lo] + frac * (self._mean[hi] - self._mean[lo])
+        lb = bucket(length)
+        i = bisect.bisect_left(self._lengths, lb)
+        if i < len(self._lengths) and self._lengths[i] == lb:
+            return _interpolate(self._tables[lb], max(rows, 1))
+        # Nearest measured length bucket, scaled in proportion to the length.
+        near = min(self._lengths, key=lambda b: abs(b.bit_length() - lb.bit_length()))
+        return _interpolate(self._tables[near], max(rows, 1)) * lb / near
 
-    def snapshot(self) -> dict[int, float]:
-        """Bucket size → mean run time (seconds), for metrics and ``trtserve profile``."""
-        return dict(self._mean)
+    def curve(self, length: int = 1) -> dict[int, float]:
+        """Row bucket → predicted seconds of a batch of that many rows at ``length``
+        (for metrics, the adaptive batch size and ``trtserve profile``)."""
+        table = self._tables.get(bucket(length), {})
+        return {rb: self.predict(rb, length) for rb in table}
+
+
+def _interpolate(table: dict[int, list[float]], rows: float) -> float:
+    """Linear interpolation through the centroids of ``table`` (sorted by row bucket, so by
+    mean rows too: the buckets' row ranges are disjoint)."""
+    points = list(table.values())
+    r0, t0 = points[0]
+    if rows <= r0 or len(points) == 1:
+        # Below the smallest measurement, or a single one: proportional to rows.
+        return t0 * rows / r0
+    for (ra, ta), (rb, tb) in zip(points, points[1:]):
+        if rows <= rb:
+            return ta + (tb - ta) * (rows - ra) / (rb - ra)
+    (ra, ta), (rb, tb) = points[-2], points[-1]
+    return tb + max((tb - ta) / (rb - ra), 0.0) * (rows - rb)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -33,7 +35,9 @@ class QueueEntry:
 
     Attributes:
         segments: the request's engine rows (see :data:`Segment`).
-        priority: 1 is the most urgent; ties break on deadline, then arrival.
+        level: the priority level it was admitted at (its queue policy's key).
+        priority: the level it is ordered by: 1 is the most urgent; ties break on deadline,
+            then arrival. Starts as ``level``; ``TimeoutAction.DELAY`` moves it last.
         deadline: monotonic seconds by which the answer must be ready; ``math.inf`` for none.
         arrival: monotonic seconds when it was queued.
         future: resolves to one output :data:`Segment` per input segment, in order.
@@ -41,9 +45,12 @@ class QueueEntry:
         running: pieces of this entry now inside a running batch.
         seg_index, seg_offset: where the next untaken row is.
         chunks: per segment, the output pieces gathered so far (in row order).
+        length: elements per row of its largest input (after the batch axis): what padding
+            to a batch's longest row is measured in.
     """
 
     segments: list[Segment]
+    level: int
     priority: int
     deadline: float
     arrival: float
@@ -54,10 +61,14 @@ class QueueEntry:
     seg_offset: int = 0
     seq: int = field(default_factory=lambda: next(_arrivals))
     chunks: list[list[Segment]] = field(default_factory=list)
+    length: int = 1
 
     def __post_init__(self) -> None:
         self.rows = sum(_rows(s) for s in self.segments)
         self.chunks = [[] for _ in self.segments]
+        self.length = max(
+            (math.prod(a.shape[1:]) for s in self.segments for a in s.values()), default=1
+        ) or 1
 
     @property
     def key(self) -> tuple[int, float, int]:
@@ -96,29 +107,29 @@ class Piece:
 
 
 class RequestQueue:
-    """Queued entries of one model, in (priority, deadline, arrival) order.
+    """Queued entries of one model, in (priority, deadline, arrival) order."""
 
-    Args:
-        max_size: most entries queued at once; 0 for unbounded.
-    """
-
-    def __init__(self, max_size: int = 0) -> None:
-        self.max_size = max_size
+    def __init__(self) -> None:
         self.entries: list[QueueEntry] = []
         self.queued_rows = 0
+        self.per_level: Counter[int] = Counter()
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def push(self, entry: QueueEntry) -> None:
+    def push(self, entry: QueueEntry, max_size: int = 0) -> None:
         """Queue ``entry``. Returns at once; never blocks.
 
+        Args:
+            max_size: most entries of ``entry.level`` queued at once; 0 for unbounded.
+
         Raises:
-            QueueFull: ``max_size`` entries are queued already (nothing was queued).
+            QueueFull: ``max_size`` entries of that level are queued already (nothing was queued).
         """
-        if self.max_size and len(self.entries) >= self.max_size:
+        if max_size and self.per_level[entry.level] >= max_size:
             raise QueueFull(
-                f"the queue is full ({self.max_size} requests queued, max_queue_size {self.max_size}); retry later"
+                f"the queue is full ({self.per_level[entry.level]} requests queued at priority "
+                f"{entry.level}, max_queue_size {max_size}); retry later"
             )
         self._insert(entry)
 
@@ -129,6 +140,7 @@ class RequestQueue:
         except ValueError:
             return False
         self.queued_rows -= entry.rows
+        self.per_level[entry.level] -= 1
         return True
 
     def reprioritize(self, entry: QueueEntry, priority: int) -> None:
@@ -141,16 +153,16 @@ class RequestQueue:
     def _insert(self, entry: QueueEntry) -> None:
         bisect.insort(self.entries, entry, key=lambda e: e.key)
         self.queued_rows += entry.rows
+        self.per_level[entry.level] += 1
 
-    def take(self, rows: int) -> list[Piece]:
-        """Take up to ``rows`` rows off the front, splitting the last entry if needed.
+    def take(self, selection: Sequence[tuple[QueueEntry, int]]) -> list[Piece]:
+        """Take ``rows`` rows of each selected entry (in that order) into a batch.
 
-        Entries whose rows are all taken leave the queue; a split entry stays at the front
-        with its remaining rows.
+        An entry whose rows are all taken leaves the queue; a partly taken one stays where it
+        is with its remaining rows (a request larger than one batch is split this way).
         """
         pieces: list[Piece] = []
-        while rows > 0 and self.entries:
-            entry = self.entries[0]
+        for entry, rows in selection:
             while rows > 0 and entry.rows > 0:
                 segment = entry.segments[entry.seg_index]
                 available = _rows(segment) - entry.seg_offset
@@ -166,5 +178,6 @@ class RequestQueue:
                 else:
                     entry.seg_offset += n
             if entry.rows == 0:
-                self.entries.pop(0)
+                self.entries.remove(entry)
+                self.per_level[entry.level] -= 1
         return pieces

@@ -1,0 +1,192 @@
+"""Discrete-event simulation of the real dispatcher on a fake clock (``trtserve simulate``).
+
+The real :class:`~trtserve.batching.dispatcher.Dispatcher` runs unchanged; only time and the
+engine are simulated. :class:`SimEngine` takes ``latency(rows)`` seconds of fake time per batch
+(e.g. a + b·rows, measured or given); arrivals follow a Poisson or bursty trace, each request
+one row with a deadline. Every policy sees the same trace, so the comparison is exact and
+repeatable: goodput (answers within their deadline per second), deadline-miss rate, engine
+time spent on rows that finished after their deadline (trtserve must spend none), mean batch
+size and latency percentiles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..clock import FakeClock, settle
+from ..errors import BackendError, TrtServeError
+from ..protocol.datatypes import DATATYPES
+from ..runtimes.base import Batch, StagingBuffers, Tensors, pack
+from ..spec import TensorSpec
+from .config import BatchingPolicy
+from .dispatcher import Dispatcher
+from .latency import LatencyModel
+
+
+class SimEngine:
+    """An engine whose batch of b rows takes ``latency(b)`` seconds of fake time.
+
+    Input ``x`` FP32 [-1] → output ``y`` = 2·x. ``batches`` records every batch with the
+    fake time it started, in start order. ``fail_when(batch)`` returning True makes that batch
+    raise :class:`~trtserve.errors.BackendError` (fault injection).
+    """
+
+    def __init__(
+        self,
+        clock: FakeClock,
+        *,
+        slots: int = 1,
+        latency: Callable[[int], float] = lambda rows: 0.010,
+        fail_when: Callable[[Batch], bool] = lambda batch: False,
+    ) -> None:
+        self.clock = clock
+        self.slots = slots
+        self.latency = latency
+        self.fail_when = fail_when
+        fp32 = DATATYPES["FP32"]
+        self.inputs = (TensorSpec("x", fp32, (-1,)),)
+        self.outputs = (TensorSpec("y", fp32, (-1,)),)
+        self.batches: list[tuple[float, Batch]] = []
+        self.running = 0
+        self.max_running = 0
+
+    def prepare(self, segment: Tensors) -> Tensors:
+        return segment
+
+    async def run(self, slot: int, batch: Batch) -> Tensors:
+        start = self.clock.now()
+        self.batches.append((start, batch))
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            await self.clock.sleep_until(start + self.latency(batch.rows))
+            if self.fail_when(batch):
+                raise BackendError("scripted failure")
+            return {"y": pack(batch, self.inputs, StagingBuffers(), -1.0)["x"] * 2}
+        finally:
+            self.running -= 1
+
+    async def aclose(self) -> None:
+        pass
+
+    def sizes(self) -> list[int]:
+        """Rows of each batch started so far."""
+        return [b.rows for _, b in self.batches]
+
+    def ids(self) -> list[list[float]]:
+        """The first element of each row of each batch (callers put a request id there)."""
+        return [[float(p["x"][r, 0]) for p in b.parts for r in range(len(p["x"]))] for _, b in self.batches]
+
+
+def affine(fixed: float, per_row: float) -> Callable[[int], float]:
+    """Run time ``fixed + per_row * rows`` seconds."""
+    return lambda rows: fixed + per_row * rows
+
+
+def poisson_trace(rate: float, duration: float, seed: int = 0) -> np.ndarray:
+    """Arrival times (seconds) of a Poisson process of ``rate`` per second over ``duration``."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, int(rate * duration * 1.2) + 10)
+    times = np.cumsum(gaps)
+    return times[times < duration]
+
+
+def bursty_trace(rate: float, duration: float, period: float = 0.1, duty: float = 0.25, seed: int = 0) -> np.ndarray:
+    """Arrivals of mean ``rate`` per second, all in the first ``duty`` of each ``period``."""
+    t = poisson_trace(rate, duration * duty, seed)
+    cycle = np.floor(t / (period * duty))
+    return np.sort(cycle * period + (t - cycle * period * duty))
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Outcome of one policy on one trace.
+
+    Attributes:
+        requests: requests in the trace.
+        goodput: requests answered within their deadline, per second of trace.
+        miss_rate: fraction not answered within their deadline (expired or late).
+        late_engine_seconds: engine time spent on rows that finished after their deadline.
+        ran_after_deadline: rows whose batch *started* after their deadline (must be 0).
+        mean_batch: mean rows per engine run.
+        p50_ms, p99_ms: latency percentiles of the requests answered, milliseconds.
+    """
+
+    requests: int
+    goodput: float
+    miss_rate: float
+    late_engine_seconds: float
+    ran_after_deadline: int
+    mean_batch: float
+    p50_ms: float
+    p99_ms: float
+
+
+async def simulate(
+    policy: BatchingPolicy,
+    arrivals: Sequence[float],
+    *,
+    deadline: float,
+    latency: Callable[[int], float],
+    slots: int = 1,
+) -> SimResult:
+    """Run ``arrivals`` (seconds, ascending) through a dispatcher with ``policy``.
+
+    The dispatcher's latency model is seeded with the engine's run time at powers of two up
+    to ``max_batch_size``, as the server's warm-up profile does.
+    """
+    clock = FakeClock(0.0)
+    engine = SimEngine(clock, slots=slots, latency=latency)
+    model = LatencyModel()
+    size = 1
+    while size <= policy.rows_per_batch:
+        model.observe(size, latency(size))
+        size *= 2
+    dispatcher = Dispatcher(engine, policy, clock=clock, latency=model)
+    dispatcher.start()
+    done: dict[int, float] = {}
+    due = [t + deadline for t in arrivals]
+    for i, t in enumerate(arrivals):
+        await clock.advance(max(t - clock.now(), 0.0))
+        try:
+            future = dispatcher.submit([{"x": np.array([[i]], dtype=np.float32)}], deadline=due[i])
+        except TrtServeError:
+            continue
+        future.add_done_callback(lambda f, i=i: _finished(f, i, clock, done))
+    while engine.running or len(dispatcher.queue):
+        await clock.advance(max(latency(policy.rows_per_batch), 1e-3))
+    await dispatcher.aclose()
+    await settle()
+
+    latencies = np.array([done[i] - arrivals[i] for i in done]) * 1e3
+    on_time = sum(1 for i in done if done[i] <= due[i] + 1e-12)
+    late_seconds = 0.0
+    started_late = 0
+    for start, batch in engine.batches:
+        end = start + latency(batch.rows)
+        ids = [int(p["x"][r, 0]) for p in batch.parts for r in range(len(p["x"]))]
+        late = [i for i in ids if end > due[i] + 1e-12]
+        late_seconds += (end - start) * len(late) / len(ids)
+        started_late += sum(1 for i in ids if start > due[i])
+    span = max(arrivals[-1] - arrivals[0], 1e-9) if len(arrivals) > 1 else 1.0
+    n = len(arrivals)
+    return SimResult(
+        requests=n,
+        goodput=on_time / span,
+        miss_rate=1 - on_time / n if n else 0.0,
+        late_engine_seconds=late_seconds,
+        ran_after_deadline=started_late,
+        mean_batch=dispatcher.stats.mean_batch_size,
+        p50_ms=float(np.percentile(latencies, 50)) if len(latencies) else math.nan,
+        p99_ms=float(np.percentile(latencies, 99)) if len(latencies) else math.nan,
+    )
+
+
+def _finished(future: asyncio.Future, i: int, clock: FakeClock, done: dict[int, float]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        done[i] = clock.now()
