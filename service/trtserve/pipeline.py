@@ -23,7 +23,7 @@ import asyncio
 import importlib.util
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
@@ -33,9 +33,10 @@ from .batching.dispatcher import Dispatcher
 from .clock import Clock
 from .errors import BackendError, TrtServeError
 from .runtimes.base import Backend, Tensors
-from .spec import ModelSpec
+from .spec import ModelSpec, TensorSpec
 
 HANDLER_FILE = "handler.py"
+WARMUP_LENGTH = 16
 T = TypeVar("T")
 
 
@@ -80,12 +81,21 @@ class ServedModel:
         self.dispatcher = Dispatcher(backend, spec.policy, clock=clock)
 
     async def start(self) -> None:
-        """Start the dispatcher, then run one request of synthetic rows through the model
-        so that the first real request does not pay for lazy initialisation, and the
-        latency model has a first measurement."""
+        """Start the dispatcher and warm the model up: synthetic batches of 1, 2, 4, ...
+        ``max_batch_size`` rows (variable dims at ``warmup_length``, parameter, default 16),
+        so that the first real request pays for no lazy initialisation and the latency model
+        starts from a measured profile. The model is reported ready only after this."""
         self.dispatcher.start()
-        warm = {t.name: _sample(t.datatype.numpy, t.dims) for t in self.backend.inputs}
-        await self.dispatcher.submit([self.backend.prepare(warm)])
+        length = int(self.spec.parameters.get("warmup_length", WARMUP_LENGTH))
+        sizes = [1]
+        while sizes[-1] * 2 <= self.spec.policy.max_batch_size:
+            sizes.append(sizes[-1] * 2)
+        if sizes[-1] < self.spec.policy.max_batch_size:
+            sizes.append(self.spec.policy.max_batch_size)
+        for rows in sizes:
+            warm = sample_inputs(self.backend.inputs, rows, length)
+            await self.dispatcher.submit([self.backend.prepare(warm)])
+        self.dispatcher.stats.reset()  # statistics and metrics count traffic, not the warm-up
 
     async def infer(self, inputs: Tensors, *, priority: int = 0, deadline: float = math.inf) -> Tensors:
         """Run one request through pre-processing, the dispatcher and post-processing.
@@ -158,10 +168,16 @@ def check_engine_io(spec: ModelSpec, backend: Backend) -> None:
         raise ValueError(f"the model file needs inputs {sorted(missing)} that the config does not declare")
 
 
-def _sample(dtype: np.dtype, dims: tuple[int, ...]) -> np.ndarray:
-    shape = (1, *(1 if d == -1 else d for d in dims))
-    if dtype == np.dtype(object):
-        arr = np.empty(shape, dtype=object)
-        arr.fill(b"")
-        return arr
-    return np.zeros(shape, dtype=dtype)
+def sample_inputs(specs: Sequence[TensorSpec], rows: int, length: int) -> Tensors:
+    """Zero-filled engine inputs of ``rows`` rows, variable (-1) dims at ``length``
+    (BYTES as empty strings): for warm-up and profiling."""
+    out: Tensors = {}
+    for t in specs:
+        shape = (rows, *(length if d == -1 else d for d in t.dims))
+        if t.datatype.numpy == np.dtype(object):
+            arr = np.empty(shape, dtype=object)
+            arr.fill(b"")
+        else:
+            arr = np.zeros(shape, dtype=t.datatype.numpy)
+        out[t.name] = arr
+    return out

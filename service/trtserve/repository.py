@@ -52,7 +52,9 @@ def load_spec(model_dir: Path) -> ModelSpec:
     The served version is the highest numeric subdirectory (Triton's default "latest 1"
     version policy). The platform comes from ``platform`` or ``backend``; with neither it is
     inferred from the model file present (``model.onnx`` → onnxruntime_onnx, ``model.py`` →
-    python, ``model.plan`` → tensorrt_plan).
+    python, ``model.plan`` → tensorrt_plan). A tensorrt_plan model whose version directory
+    also holds ``model.onnx`` becomes onnxruntime_onnx on a machine without TensorRT or a
+    CUDA device (see ``_platform``).
 
     Raises:
         ConfigError: unreadable or invalid config (the message names the file and field),
@@ -155,7 +157,8 @@ def _queue_policy(queue: mc.ModelQueuePolicy) -> QueuePolicy:
 def _policy(config: mc.ModelConfig, parameters: dict[str, str]) -> BatchingPolicy:
     """The batching policy: Triton's fields, plus trtserve's ``parameters``:
     ``batching`` ("adaptive", the default, or "fixed"), ``adaptive_batch_size`` ("true"),
-    ``latency_budget_us``, ``priority_aging_us``, ``pad_value``, ``split_oversized_requests``."""
+    ``latency_budget_us``, ``priority_aging_us``, ``length_bucketing`` ("false" to disable),
+    ``pad_value``, ``split_oversized_requests``, ``warmup_length``."""
     db = config.dynamic_batching
 
     def number(key: str, default: float) -> float:
@@ -179,6 +182,7 @@ def _policy(config: mc.ModelConfig, parameters: dict[str, str]) -> BatchingPolic
         adaptive=batching == "adaptive",
         adaptive_batch_size=parameters.get("adaptive_batch_size", "false").lower() == "true",
         latency_budget=number("latency_budget_us", math.inf) / 1e6,
+        length_bucketing=parameters.get("length_bucketing", "true").lower() != "false",
         pad_value=number("pad_value", 0.0),
         split_oversized=parameters.get("split_oversized_requests", "true").lower() != "false",
     )

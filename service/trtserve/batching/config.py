@@ -90,6 +90,9 @@ class BatchingPolicy:
             ``max_batch_size``; the cap follows drift in measured run times.
         latency_budget: with ``adaptive_batch_size``, the cap also keeps the predicted run
             time of a batch within this many seconds (``math.inf``: no budget).
+        length_bucketing: when more rows wait than one batch holds, fill the batch with the
+            rows closest in length to the most urgent one (less padding); rows near their
+            deadline are never passed over.
         pad_value: the value that pads a variable-length dimension up to the longest row
             of the batch.
         split_oversized: whether a request with more rows than ``max_batch_size`` is split
@@ -108,6 +111,7 @@ class BatchingPolicy:
     adaptive: bool = True
     adaptive_batch_size: bool = False
     latency_budget: float = math.inf
+    length_bucketing: bool = True
     pad_value: float = 0.0
     split_oversized: bool = True
 

@@ -201,7 +201,7 @@ def _select(live: Sequence[QueueEntry], now: float, cap: int, policy: BatchingPo
         total += e.rows
         if total > cap:
             break
-    if total <= cap or len({e.length for e in order}) == 1:
+    if total <= cap or not policy.length_bucketing or len({e.length for e in order}) == 1:
         return _fill(order, cap)
     # Length bucketing: the head, then every row near its deadline, then the closest lengths.
     head = order[0]

@@ -1,0 +1,113 @@
+"""``trtserve profile MODEL``: throughput and latency against batch size, and what to configure.
+
+Runs the model's engine directly (no server, no queue) on synthetic rows at batch sizes 1, 2,
+4, ... ``max_batch_size`` — and, for inputs with variable-length dims, at several padded
+lengths — timing each point as the median of ``--repeats`` runs. Prints the table, writes a
+PNG plot (rows/s and batch latency against batch size), and recommends ``max_batch_size``: the
+knee, the smallest batch within ``--tolerance`` of peak throughput whose latency fits
+``--latency-budget-ms`` (the same rule as the dispatcher's ``adaptive_batch_size``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..batching.latency import LatencyModel
+from ..batching.policy import adaptive_cap
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="model name in the repository")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 128], help="padded lengths for variable dims (default: 16 64 128)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per point (median; default: 5)")
+    parser.add_argument("--latency-budget-ms", type=float, default=float("inf"), help="largest acceptable batch latency, ms")
+    parser.add_argument("--tolerance", type=float, default=0.05, help="knee: within this fraction of peak rows/s (default: 0.05)")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: <model>-profile.png)")
+
+
+async def measure(root: Path, name: str, lengths: list[int], repeats: int) -> dict[int, dict[int, float]]:
+    """length → batch size → median seconds per batch, on the model's own engine."""
+    from .. import runtimes
+    from ..pipeline import sample_inputs
+    from ..repository import load_spec
+    from ..runtimes.base import Batch
+
+    spec = load_spec(root / name)
+    backend = await asyncio.to_thread(runtimes.create, spec)
+    try:
+        variable = any(-1 in t.dims for t in backend.inputs)
+        sizes = [1]
+        while sizes[-1] * 2 <= spec.policy.rows_per_batch:
+            sizes.append(sizes[-1] * 2)
+        if sizes[-1] < spec.policy.rows_per_batch:
+            sizes.append(spec.policy.rows_per_batch)
+        table: dict[int, dict[int, float]] = {}
+        for length in lengths if variable else [1]:
+            table[length] = {}
+            for rows in sizes:
+                inputs = backend.prepare(sample_inputs(backend.inputs, rows, length))
+                batch = Batch((inputs,), rows)
+                await backend.run(0, batch)  # warm
+                times = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    await backend.run(0, batch)
+                    times.append(time.perf_counter() - start)
+                table[length][rows] = float(np.median(times))
+        return table
+    finally:
+        await backend.aclose()
+
+
+def recommend(curve: dict[int, float], budget: float, tolerance: float, limit: int) -> int:
+    """The knee of one length's curve (batch size → seconds); see the module docstring."""
+    from ..batching.config import BatchingPolicy
+
+    model = LatencyModel()
+    for rows, seconds in curve.items():
+        model.observe(rows, seconds)
+    return adaptive_cap(model, BatchingPolicy(max_batch_size=limit, latency_budget=budget), 1, tolerance)
+
+
+def run(args: argparse.Namespace) -> int:
+    table = asyncio.run(measure(args.model_repository, args.model, args.lengths, args.repeats))
+    budget = args.latency_budget_ms / 1e3
+    print(f"{args.model}: engine alone, median of {args.repeats} runs")
+    print(f"{'length':>6} {'batch':>6} {'latency ms':>11} {'rows/s':>9}")
+    for length, curve in table.items():
+        for rows, seconds in curve.items():
+            print(f"{length:6d} {rows:6d} {seconds * 1e3:11.2f} {rows / seconds:9.0f}")
+    limit = max(max(c) for c in table.values())
+    knees = {length: recommend(curve, budget, args.tolerance, limit) for length, curve in table.items()}
+    for length, knee in knees.items():
+        print(f"knee at length {length}: batch {knee} ({knee / table[length][knee]:.0f} rows/s, {table[length][knee] * 1e3:.1f} ms)")
+    choice = max(knees.values())
+    print(f"recommended: max_batch_size: {choice}   (config.pbtxt; or parameters adaptive_batch_size \"true\" to follow drift)")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for length, curve in table.items():
+        sizes = list(curve)
+        label = f"length {length}" if len(table) > 1 else None
+        ax1.plot(sizes, [b / curve[b] for b in sizes], marker="o", label=label)
+        ax2.plot(sizes, [curve[b] * 1e3 for b in sizes], marker="o", label=label)
+    ax1.set(xscale="log", xlabel="batch size (rows)", ylabel="rows/s", title=f"{args.model}: throughput")
+    ax2.set(xscale="log", xlabel="batch size (rows)", ylabel="batch latency (ms)", title="latency")
+    for ax in (ax1, ax2):
+        ax.axvline(choice, color="gray", linestyle=":")
+        if len(table) > 1:
+            ax.legend()
+    path = args.plot or Path(f"{args.model}-profile.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"plot: {path}")
+    return 0

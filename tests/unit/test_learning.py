@@ -1,0 +1,180 @@
+"""The dispatcher learns: latency model, adaptive dispatch, adaptive cap, priorities, live
+policy changes, length bucketing — on a fake clock and the simulator's scripted engine."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from fakes import FakeBackend, rows
+from trtserve.batching.config import BatchingPolicy
+from trtserve.batching.dispatcher import CAP_REFRESH_BATCHES, Dispatcher
+from trtserve.batching.latency import LatencyModel
+from trtserve.batching.policy import adaptive_cap
+from trtserve.batching.simulate import affine, poisson_trace, simulate
+from trtserve.clock import FakeClock, settle
+from trtserve.tools.simulate import compare
+
+
+def test_latency_model_converges_to_the_engine_curve_and_follows_drift():
+    curve = affine(0.002, 0.0001)
+    rng = np.random.default_rng(0)
+    model = LatencyModel()
+    for _ in range(400):
+        b = int(rng.integers(1, 65))
+        model.observe(b, curve(b) * rng.uniform(0.95, 1.05))
+    for b in (1, 3, 8, 20, 64):
+        assert model.predict(b) == pytest.approx(curve(b), rel=0.06)
+    slower = affine(0.004, 0.0002)  # the engine gets twice as slow
+    for _ in range(1000):
+        b = int(rng.integers(1, 65))
+        model.observe(b, slower(b))
+    for b in (1, 8, 64):
+        assert model.predict(b) == pytest.approx(slower(b), rel=0.05)
+
+
+def test_latency_model_shrugs_off_an_outlier_and_scales_with_length():
+    model = LatencyModel()
+    for _ in range(50):
+        model.observe(8, 0.010, length=32)
+    assert model.predict(8, 64) == pytest.approx(0.020, rel=0.01)  # unmeasured length: proportional
+    model.observe(8, 5.0, length=32)  # a 5 s stall
+    assert model.predict(8, 32) < 0.015
+
+
+def test_simulation_adaptive_meets_deadlines_and_beats_every_fixed_timer_at_80_percent():
+    results = compare(fixed=0.002, per_row=0.0001, max_batch_size=16, deadline=0.010, loads=[0.8],
+                      timers=[0.0005, 0.002, 0.010], duration=0.6)[0.8]
+    adaptive = results.pop("adaptive")
+    assert adaptive.miss_rate <= 0.01
+    assert adaptive.goodput >= max(r.goodput for r in results.values())
+    assert adaptive.ran_after_deadline == 0 and adaptive.late_engine_seconds == 0
+
+
+def test_simulation_at_5_percent_load_never_waits():
+    latency = affine(0.002, 0.0001)
+    trace = poisson_trace(0.05 * 8 / latency(8), 4.0, seed=1)
+    result = asyncio.run(simulate(BatchingPolicy(max_batch_size=8), trace, deadline=0.010, latency=latency))
+    assert result.p50_ms == pytest.approx(latency(1) * 1e3)
+    assert result.miss_rate == 0 and result.ran_after_deadline == 0
+
+
+def knee_engine(rows: int) -> float:
+    """1 ms up to 16 rows, then proportional: throughput peaks at 16 and stays flat."""
+    return 0.001 * max(1.0, rows / 16)
+
+
+def test_adaptive_cap_picks_the_knee():
+    model = LatencyModel()
+    b = 1
+    while b <= 128:
+        model.observe(b, knee_engine(b))
+        b *= 2
+    assert adaptive_cap(model, BatchingPolicy(max_batch_size=128)) == 16
+    assert adaptive_cap(model, BatchingPolicy(max_batch_size=128, latency_budget=0.0005)) == 1
+
+
+async def test_dispatcher_caps_batches_at_the_measured_knee():
+    clock = FakeClock()
+    backend = FakeBackend(clock, latency=knee_engine)
+    d = Dispatcher(backend, BatchingPolicy(max_batch_size=128, adaptive_batch_size=True), clock=clock)
+    d.start()
+    for i in range(CAP_REFRESH_BATCHES * 3):  # learn the curve at several sizes
+        for j in range(1 << (i % 8)):
+            d.submit(rows(j))
+        await clock.advance(0.01)
+    assert d.cap in (16, 32)  # the knee, ± one step
+    futures = [d.submit(rows(i)) for i in range(100)]
+    for _ in range(20):
+        await clock.advance(0.01)
+    assert all(f.done() for f in futures)
+    assert max(backend.sizes()[-5:]) <= 32
+
+
+async def test_high_priority_is_served_first_and_low_priority_still_completes():
+    clock = FakeClock()
+    backend = FakeBackend(clock, latency=lambda r: 0.010)
+    policy = BatchingPolicy(max_batch_size=2, priority_levels=2, default_priority=2, priority_aging=0.5)
+    d = Dispatcher(backend, policy, clock=clock)
+    d.start()
+    done: dict[tuple[int, int], float] = {}
+    futures = []
+    for step in range(100):  # overload: 4 rows arrive per 10 ms, 2 can run
+        for k, level in enumerate((1, 1, 2, 2)):
+            f = d.submit(rows(step * 10 + k), priority=level)
+            f.add_done_callback(lambda _f, key=(level, step * 10 + k), t0=clock.now(): done.__setitem__(key, clock.now() - t0))
+            futures.append(f)
+        await clock.advance(0.010)
+    for _ in range(300):
+        await clock.advance(0.010)
+    assert all(f.done() and f.exception() is None for f in futures)  # nothing starves or is lost
+    high = [t for (level, _), t in done.items() if level == 1]
+    low = [t for (level, _), t in done.items() if level == 2]
+    assert len(low) == 200
+    assert np.median(high) < 0.5 * np.median(low)
+
+
+async def test_live_policy_change_applies_to_the_next_batch_and_loses_nothing():
+    clock = FakeClock()
+    backend = FakeBackend(clock)
+    d = Dispatcher(backend, BatchingPolicy(max_batch_size=8), clock=clock)
+    d.start()
+    d.submit(rows(0))
+    await settle()
+    queued = [d.submit(rows(i)) for i in range(1, 13)]
+    d.set_policy(BatchingPolicy(max_batch_size=3))
+    for _ in range(6):
+        await clock.advance(0.010)
+    assert backend.sizes() == [1, 3, 3, 3, 3]
+    assert [f.result()[0]["y"][0, 0] for f in queued] == [2.0 * i for i in range(1, 13)]
+
+
+async def run_mixed_lengths(bucketing: bool) -> tuple[float, list[bool]]:
+    clock = FakeClock()
+    backend = FakeBackend(clock)
+    d = Dispatcher(backend, BatchingPolicy(max_batch_size=4, length_bucketing=bucketing), clock=clock)
+    d.start()
+    d.submit(rows(0))
+    await settle()
+    lengths = [2, 64, 3, 60, 2, 70, 4, 66, 3, 62, 2, 64, 5, 61, 2, 63]
+    futures = [(n, d.submit(rows(i, length=n))) for i, n in enumerate(lengths, start=1)]
+    for _ in range(8):
+        await clock.advance(0.010)
+    exact = []
+    for i, (n, f) in enumerate(futures, start=1):
+        expected = 2 * np.concatenate([[i], np.arange(1, n)]).astype(np.float32)
+        exact.append(np.array_equal(f.result()[0]["y"][0], expected))
+    return d.stats.padding_ratio, exact
+
+
+async def test_length_bucketing_pads_less_and_changes_no_answer():
+    with_buckets, exact_b = await run_mixed_lengths(True)
+    without, exact_n = await run_mixed_lengths(False)
+    assert all(exact_b) and all(exact_n)
+    assert with_buckets < 0.2 < 0.4 < without  # share of padding in the elements run
+
+
+async def test_rows_that_would_finish_late_are_not_run():
+    clock = FakeClock()
+    backend = FakeBackend(clock, latency=affine(0.002, 0.001))
+    d = Dispatcher(backend, BatchingPolicy(max_batch_size=16), clock=clock)
+    for b in (1, 2, 4, 8, 16):
+        d.latency.observe(b, 0.002 + 0.001 * b)
+    d.start()
+    d.submit(rows(0))
+    await settle()
+    urgent = d.submit(rows(1), deadline=clock.now() + 0.003 + 0.0035)  # fits a batch of 1 after the first
+    relaxed = [d.submit(rows(i), deadline=math.inf) for i in range(2, 14)]
+    for _ in range(10):
+        await clock.advance(0.003)
+    assert all(f.done() for f in relaxed)
+    # The urgent row could not finish inside the 13-row batch (15 ms): it was left out of it,
+    # and answered DEADLINE_EXCEEDED or run alone in time — never run late.
+    assert urgent.done()
+    for start, batch in backend.batches:
+        ids = [float(p["x"][r, 0]) for p in batch.parts for r in range(len(p["x"]))]
+        if 1.0 in ids:
+            assert start + 0.002 + 0.001 * batch.rows <= 1000.0 + 0.0065 + 1e-9
