@@ -249,3 +249,23 @@ async def test_no_deadline_means_no_expiry():
     await clock.advance(100.0)
     await clock.advance(100.0)
     assert waiting.result()[0]["y"][0, 0] == 2.0
+
+
+async def test_a_hung_engine_answers_callers_at_their_deadline_and_marks_the_slot():
+    clock, backend, d = make(BatchingPolicy(max_batch_size=4), latency=lambda r: 100.0)
+    running = d.submit(rows(1), deadline=clock.now() + 1.0)
+    await settle()
+    queued = d.submit(rows(2), deadline=clock.now() + 2.0)
+    await clock.advance(1.0)
+    assert isinstance(running.exception(), RequestTimeout)  # answered while the batch still runs
+    assert d.stats.finished_late == 1
+    await clock.advance(1.0)
+    assert isinstance(queued.exception(), RequestTimeout)  # the model is not wedged
+    assert d.healthy
+    await clock.advance(9.0)
+    assert not d.healthy and d.unhealthy_slots == {0}
+    await clock.advance(90.0)  # the engine finally returns
+    assert d.healthy
+    later = d.submit(rows(3))
+    await clock.advance(100.0)
+    assert later.result()[0]["y"][0, 0] == 6.0

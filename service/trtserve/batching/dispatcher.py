@@ -12,6 +12,7 @@ finish, and stops the loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Sequence
 
@@ -27,8 +28,14 @@ from .queue import Piece, QueueEntry, RequestQueue, Segment
 from .rate import ArrivalRate
 from .stats import DispatchStats
 
+log = logging.getLogger(__name__)
+
 # With adaptive_batch_size, the cap is recomputed from the latency curve every this many batches.
 CAP_REFRESH_BATCHES = 16
+# A batch still running after HANG_FACTOR times its predicted run time, and at least HANG_MIN_S
+# seconds, marks its slot unhealthy (until it returns).
+HANG_FACTOR = 20.0
+HANG_MIN_S = 10.0
 
 
 class Dispatcher:
@@ -66,6 +73,9 @@ class Dispatcher:
         self.cap = policy.rows_per_batch
         self._idle = list(range(backend.slots))
         self._running: set[asyncio.Task[None]] = set()
+        self._inflight: dict[QueueEntry, None] = {}  # entries with rows in a running batch
+        self._hang_at: dict[int, float] = {}  # running slot -> when it counts as hung
+        self.unhealthy_slots: set[int] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -126,6 +136,11 @@ class Dispatcher:
         self._wake.set()
 
     @property
+    def healthy(self) -> bool:
+        """False while every slot is running a batch that hung (see ``HANG_FACTOR``)."""
+        return len(self.unhealthy_slots) < self.backend.slots
+
+    @property
     def idle_slots(self) -> int:
         """Execution slots not running a batch now."""
         return len(self._idle)
@@ -153,7 +168,33 @@ class Dispatcher:
                 continue
             if self._closing and not self.queue.entries and len(self._idle) == self.backend.slots:
                 return
-            await self._wait(decision.wake_at)
+            watch = self._watch(now)
+            wake = decision.wake_at if watch is None else min(watch, decision.wake_at or math.inf)
+            await self._wait(wake)
+
+    def _watch(self, now: float) -> float | None:
+        """Answer DEADLINE_EXCEEDED to callers whose deadline passed while their batch runs
+        (they stop waiting for a slow or hung engine), and mark slots whose batch hung.
+        Returns when to look again."""
+        wake = math.inf
+        for entry in list(self._inflight):
+            if entry.done or entry.running == 0:
+                del self._inflight[entry]
+            elif entry.deadline <= now:
+                del self._inflight[entry]
+                self.queue.remove(entry)
+                self.stats.finished_late += 1
+                _fail(entry, RequestTimeout("the request's deadline passed while its batch was still running"))
+            else:
+                wake = min(wake, entry.deadline)
+        for slot, hang_at in self._hang_at.items():
+            if now >= hang_at:
+                if slot not in self.unhealthy_slots:
+                    self.unhealthy_slots.add(slot)
+                    log.warning("execution slot %d has run one batch for %.1f s: marked unhealthy", slot, now - hang_at)
+            else:
+                wake = min(wake, hang_at)
+        return wake if wake < math.inf else None
 
     async def _wait(self, until: float | None) -> None:
         if until is None:
@@ -177,6 +218,11 @@ class Dispatcher:
 
     def _launch(self, pieces: list[Piece]) -> None:
         slot = self._idle.pop()
+        rows = sum(p.rows for p in pieces)
+        predicted = self.latency.predict(rows, max(p.entry.length for p in pieces))
+        self._hang_at[slot] = self.clock.now() + max(HANG_FACTOR * predicted, HANG_MIN_S)
+        for piece in pieces:
+            self._inflight[piece.entry] = None
         task = asyncio.get_running_loop().create_task(self._run(slot, pieces))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
@@ -198,6 +244,8 @@ class Dispatcher:
         except Exception as exc:  # a runtime bug must not strand the batch's callers
             self._fail_pieces(pieces, BackendError(f"{type(exc).__name__}: {exc}"))
         finally:
+            del self._hang_at[slot]
+            self.unhealthy_slots.discard(slot)
             self._idle.append(slot)
             self._wake.set()
 

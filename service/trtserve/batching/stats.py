@@ -56,6 +56,8 @@ class DispatchStats:
         batch_sizes: batch size (rows) → engine runs at that size.
         batch_seconds: batch size (rows) → total engine seconds at that size.
         expired_before_run: requests answered DEADLINE_EXCEEDED without being run.
+        finished_late: requests answered DEADLINE_EXCEEDED because their deadline passed while
+            their batch was still running.
         compute: engine run time per batch (seconds), as a histogram.
         queue: per request, seconds from queueing to its first rows starting to run
             (:meth:`record_started`).
@@ -73,6 +75,7 @@ class DispatchStats:
     batch_sizes: Counter[int] = field(default_factory=Counter)
     batch_seconds: dict[int, float] = field(default_factory=dict)
     expired_before_run: int = 0
+    finished_late: int = 0
     compute: Histogram = field(default_factory=Histogram)
     queue: Histogram = field(default_factory=Histogram)
     request_runs: int = 0
