@@ -87,9 +87,11 @@ def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
     """
     now = inputs.now
     one = _OneRow(latency)
+    # An entry's last start is deadline − p(1); the same float is the wake time, so a wake at
+    # it always finds the entry expired or startable.
     expired = tuple(
         e for e in entries
-        if e.deadline < now + one(e) or (e.deadline == now + one(e) and inputs.free_slots <= 0)
+        if e.deadline - one(e) < now or (e.deadline - one(e) == now and inputs.free_slots <= 0)
     )
     live: Sequence[QueueEntry] = entries
     if expired:

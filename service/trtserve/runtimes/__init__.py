@@ -40,4 +40,21 @@ def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backe
             intra_op_threads=options.intra_op_threads,
             inter_op_threads=options.inter_op_threads,
         )
+    if spec.platform == "python":
+        from .python import PythonBackend
+
+        return PythonBackend(spec)
+    if spec.platform == "tensorrt_plan":
+        # Raises GpuUnavailable (a BackendError) with one sentence where TensorRT or a CUDA
+        # device is missing; repository.load_spec already picked model.onnx in that case
+        # when the version directory has one.
+        from .tensorrt import PLAN_FILE, TensorRTBackend
+
+        return TensorRTBackend(
+            spec.version_dir / PLAN_FILE,
+            slots=spec.instances,
+            batched=spec.batched,
+            max_batch_size=spec.policy.max_batch_size,
+            pad_value=spec.policy.pad_value,
+        )
     raise Unsupported(f"platform '{spec.platform}' is not available in this build")

@@ -10,7 +10,7 @@ futures, queues or gRPC.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -104,37 +104,83 @@ def padded_shape(parts: Sequence[Tensors], name: str) -> tuple[int, ...]:
     return (rows, *inner)
 
 
-def pack(batch: Batch, specs: Sequence[TensorSpec], staging: StagingBuffers, pad_value: float) -> Tensors:
+def pack(
+    batch: Batch,
+    specs: Sequence[TensorSpec],
+    staging: StagingBuffers | None,
+    pad_value: float,
+    *,
+    out: Mapping[str, np.ndarray] | None = None,
+) -> Tensors:
     """Stack the pieces of ``batch`` into one array per engine input (rows on axis 0).
 
-    A single unpadded piece is passed through as it is (no copy). Otherwise each input is
-    written once into ``staging``; where pieces differ in a variable dim, the shorter ones
-    are padded with ``pad_value`` (``b""`` for BYTES).
+    Without ``out``: a single unpadded piece is passed through as it is (no copy); otherwise
+    each input is written once into ``staging``.
+
+    With ``out`` (input name → a writable, C-contiguous 1-D ``uint8`` buffer the caller owns,
+    e.g. a slot's page-locked staging buffer): every input, a single piece included, is
+    written once into a C-contiguous view at the front of its buffer, and that view is
+    returned. ``staging`` is not used then.
+
+    Where pieces differ in a variable dim, the shorter ones are padded with ``pad_value``
+    (``b""`` for BYTES).
+
+    Raises:
+        ValueError: an ``out`` buffer too small for its input, or not a 1-D uint8 buffer,
+            or an object (BYTES) input with ``out``. Callers check sizes first (TensorRT:
+            :func:`~trtserve.runtimes.tensorrt.check_profile`), so this is a bug guard.
     """
     parts = batch.parts
     packed: Tensors = {}
     for spec in specs:
         name = spec.name
-        if len(parts) == 1:
-            arr = parts[0][name]
-            packed[name] = np.ascontiguousarray(arr)
+        if out is None and len(parts) == 1:
+            packed[name] = np.ascontiguousarray(parts[0][name])
             continue
         shape = padded_shape(parts, name)
-        out = staging.view(name, shape, spec.datatype.numpy)
-        ragged = any(p[name].shape[1:] != shape[1:] for p in parts)
-        if ragged:
-            out.fill(b"" if out.dtype == np.dtype(object) else pad_value)
-        offset = 0
-        for p in parts:
-            arr = p[name]
-            n = arr.shape[0]
-            if ragged:
-                out[(slice(offset, offset + n), *(slice(0, d) for d in arr.shape[1:]))] = arr
-            else:
-                out[offset : offset + n] = arr
-            offset += n
-        packed[name] = out
+        dtype = spec.datatype.numpy
+        if out is not None:
+            dst = view_into(out[name], shape, dtype, name)
+        else:
+            assert staging is not None, "pack() needs staging buffers or out="
+            dst = staging.view(name, shape, dtype)
+        fill(dst, [p[name] for p in parts], pad_value)
+        packed[name] = dst
     return packed
+
+
+def view_into(buf: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, name: str = "") -> np.ndarray:
+    """A C-contiguous array of ``shape`` and ``dtype`` over the front of byte buffer ``buf``.
+
+    Raises:
+        ValueError: ``buf`` is not a contiguous 1-D uint8 buffer, holds too few bytes, or
+            ``dtype`` is ``object`` (BYTES cannot live in a raw buffer).
+    """
+    dtype = np.dtype(dtype)
+    if dtype == np.dtype(object):
+        raise ValueError(f"input '{name}': BYTES tensors cannot be packed into a raw buffer")
+    if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise ValueError(f"input '{name}': the destination must be a contiguous 1-D uint8 buffer")
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes > buf.nbytes:
+        raise ValueError(f"input '{name}': a batch of shape {list(shape)} needs {nbytes} bytes, the buffer holds {buf.nbytes}")
+    return buf[:nbytes].view(dtype).reshape(shape)
+
+
+def fill(dst: np.ndarray, pieces: Sequence[np.ndarray], pad_value: float) -> None:
+    """Write ``pieces`` one after another along axis 0 of ``dst``, each at the start of the
+    other axes; where a piece is shorter than ``dst`` on an axis, the rest is ``pad_value``."""
+    ragged = any(arr.shape[1:] != dst.shape[1:] for arr in pieces)
+    if ragged:
+        dst.fill(b"" if dst.dtype == np.dtype(object) else pad_value)
+    offset = 0
+    for arr in pieces:
+        n = arr.shape[0]
+        if ragged:
+            dst[(slice(offset, offset + n), *(slice(0, d) for d in arr.shape[1:]))] = arr
+        else:
+            dst[offset : offset + n] = arr
+        offset += n
 
 
 def unpack(batch: Batch, outputs: Tensors, specs: Sequence[TensorSpec]) -> list[Tensors]:

@@ -1,0 +1,636 @@
+"""TensorRT plans on CUDA streams: the GPU engine.
+
+Load: the plan's sidecar (``model.plan.json``, written by :mod:`~trtserve.runtimes.trtbuild`)
+is compared with this machine *before* deserializing, so a plan built with another TensorRT
+version or for another GPU is refused with a sentence saying which and "rebuild with make
+engine"; then ``deserialize_cuda_engine`` (``None`` is checked, TensorRT's logged errors are
+attached). Per execution slot, all made once at load on the slot's own thread (which calls
+``cudaSetDevice`` first): one execution context on its optimization profile, one non-blocking
+stream, one event, and for every I/O tensor a page-locked host buffer and a device buffer
+sized for the profile's maximum shapes; the tensor addresses are set once.
+
+Per batch, on the slot's thread: the batch's shapes are checked against the profile (a batch
+or sequence beyond it is refused before any device call); the rows are packed straight into
+the pinned input buffers (:func:`~trtserve.runtimes.base.pack` with ``out=``: the one copy
+from the request bytes); ``set_input_shape``/``infer_shapes``; H2D copies,
+``execute_async_v3``, D2H copies and an event on the slot's stream; the thread waits on the
+event (cuda-python releases the GIL), never the event loop. Outputs are copied out of the
+pinned buffers before the slot's next batch can reuse them. Slots run concurrently on their
+own streams, so the copies of one batch overlap the compute of another.
+
+TensorRT and CUDA failures become :class:`~trtserve.errors.BackendError` here. ``tensorrt``
+and ``cuda-python`` are imported lazily: importing this module never fails on a CPU machine.
+Written from the TensorRT 11 Python API (``../shared/notes/tensorrt.md``); TensorRT 10.x
+exposes the same names used here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import BackendError, InvalidRequest
+from ..protocol.datatypes import DATATYPES, Datatype
+from ..spec import TensorSpec
+from . import cuda
+from .base import Batch, Tensors, pack, padded_shape, view_into
+from .cuda import INSTALL_HINT, GpuUnavailable
+
+if TYPE_CHECKING:
+    import tensorrt as trt
+
+log = logging.getLogger(__name__)
+
+PLAN_FILE = "model.plan"
+SIDECAR_SUFFIX = ".json"  # model.plan → model.plan.json
+REBUILD = "rebuild with make engine"
+
+# TensorRT DataType member name → KServe datatype. TensorRT's FP8/INT4/FP4/E8M0 have no
+# KServe or numpy equivalent: an engine with such an I/O tensor is refused at load.
+TRT_TYPES: dict[str, str] = {
+    "FLOAT": "FP32",
+    "HALF": "FP16",
+    "BF16": "BF16",
+    "INT8": "INT8",
+    "INT32": "INT32",
+    "INT64": "INT64",
+    "BOOL": "BOOL",
+    "UINT8": "UINT8",
+}
+
+
+# --------------------------------------------------------------------------- availability
+
+
+def import_tensorrt() -> Any:
+    """The ``tensorrt`` module, imported on first use.
+
+    Raises:
+        GpuUnavailable: TensorRT is not installed or its libraries cannot be loaded.
+    """
+    try:
+        import tensorrt
+    except (ImportError, OSError) as exc:
+        raise GpuUnavailable(f"TensorRT is not installed ({INSTALL_HINT}): {exc}") from exc
+    return tensorrt
+
+
+def unavailable_reason(device: int = 0) -> str | None:
+    """``None`` when TensorRT imports and CUDA device ``device`` is usable; otherwise a clause
+    saying what is missing (both things when both are), e.g. "TensorRT is not installed
+    (pip install 'trtserve[tensorrt]') and no CUDA device is visible (cudaErrorNoDevice)"."""
+    missing: list[str] = []
+    try:
+        import_tensorrt()
+    except GpuUnavailable:
+        missing.append(f"TensorRT is not installed ({INSTALL_HINT})")
+    try:
+        cuda.preflight(device)
+    except GpuUnavailable as exc:
+        missing.append(str(exc))
+    return " and ".join(missing) if missing else None
+
+
+# --------------------------------------------------------------------------- pure checks
+
+
+@dataclass(frozen=True)
+class ProfileBounds:
+    """The shapes one optimization profile accepts for one engine input (batch axis included
+    when the model is batched); static dims have min == max."""
+
+    name: str
+    min: tuple[int, ...]
+    max: tuple[int, ...]
+
+
+def _violation(name: str, shape: Sequence[int], bounds: ProfileBounds, first_axis: int, batched: bool) -> str | None:
+    if len(shape) != len(bounds.max):
+        return f"input '{name}' has {len(shape)} dims, the plan expects {len(bounds.max)}"
+    for axis in range(first_axis, len(shape)):
+        size, lo, hi = shape[axis], bounds.min[axis], bounds.max[axis]
+        what = "batch of" if batched and axis == 0 else f"dim {axis} of"
+        if size > hi:
+            return f"{what} input '{name}' is {size}, beyond the plan's profile maximum {hi}"
+        if size < lo:
+            return f"{what} input '{name}' is {size}, below the plan's profile minimum {lo}"
+    return None
+
+
+def check_profile(shapes: Mapping[str, Sequence[int]], bounds: Mapping[str, ProfileBounds], *, batched: bool = True) -> None:
+    """Refuse a batch whose input shapes fall outside the profile, before any device call.
+
+    Args:
+        shapes: engine-input name → the batch's shape (as passed to ``set_input_shape``).
+        bounds: the slot's profile bounds for every input.
+
+    Raises:
+        BackendError: naming the tensor, the axis and the limit.
+    """
+    for name, shape in shapes.items():
+        problem = _violation(name, shape, bounds[name], 0, batched)
+        if problem:
+            raise BackendError(f"TensorRT refused the batch: {problem}")
+
+
+def check_request(segment: Mapping[str, np.ndarray], bounds: Mapping[str, ProfileBounds], *, batched: bool = True) -> None:
+    """Refuse one request whose non-batch dims fall outside the profile (at admission, so it
+    fails alone). ``segment`` arrays carry rows on axis 0 (one row for an unbatched model).
+
+    Raises:
+        InvalidRequest: naming the tensor, the axis and the limit.
+    """
+    for name, arr in segment.items():
+        b = bounds.get(name)
+        if b is None:
+            continue
+        shape = arr.shape if batched else arr.shape[1:]
+        problem = _violation(name, shape, b, 1 if batched else 0, batched)
+        if problem:
+            raise InvalidRequest(problem)
+
+
+def sidecar_problems(plan: Path, recorded: Mapping[str, Any], live: Mapping[str, str]) -> tuple[str | None, list[str]]:
+    """Compare a plan's sidecar with this machine.
+
+    Args:
+        plan: the plan file (for the message).
+        recorded: the sidecar's JSON object (``tensorrt_version``, ``gpu.name``,
+            ``gpu.compute_capability``, ``build.version_compatible``,
+            ``build.hardware_compatibility``).
+        live: ``tensorrt_version``, ``gpu_name``, ``compute_capability`` of this machine.
+
+    Returns:
+        (error, warnings): ``error`` is one sentence saying which mismatch makes the plan
+        unusable here, ending "rebuild with make engine", or ``None``; ``warnings`` are
+        differences that do not prevent loading (another GPU model of the same compute
+        capability).
+    """
+    build = recorded.get("build", {}) or {}
+    gpu = recorded.get("gpu", {}) or {}
+    built_trt = str(recorded.get("tensorrt_version", ""))
+    built_cc = str(gpu.get("compute_capability", ""))
+    built_name = str(gpu.get("name", ""))
+    live_trt, live_cc, live_name = live["tensorrt_version"], live["compute_capability"], live["gpu_name"]
+    clauses: list[str] = []
+    if built_trt and built_trt != live_trt:
+        if not build.get("version_compatible"):
+            clauses.append(f"with TensorRT {built_trt} but this server runs TensorRT {live_trt}")
+        elif _version_tuple(live_trt)[:2] < _version_tuple(built_trt)[:2]:
+            clauses.append(f"with TensorRT {built_trt} (version-compatible plans run only on that version or newer) but this server runs TensorRT {live_trt}")
+    level = str(build.get("hardware_compatibility", "none")).lower()
+    if built_cc and built_cc != live_cc:
+        if level == "ampere_plus":
+            if _version_tuple(live_cc)[:1] < (8,):
+                clauses.append(f"for Ampere or newer GPUs but this GPU ({live_name}) has compute capability {live_cc}")
+        else:
+            clauses.append(f"for compute capability {built_cc} ({built_name or 'unknown GPU'}) but this GPU ({live_name}) has compute capability {live_cc}")
+    warnings: list[str] = []
+    if not clauses and built_name and built_name != live_name and level != "ampere_plus":
+        warnings.append(
+            f"{plan} was built on a {built_name} and runs on a {live_name} of the same compute capability; "
+            f"it should work but may be slower ({REBUILD} on this GPU for its best kernels)"
+        )
+    if clauses:
+        return f"{plan} was built " + " and ".join(clauses) + f"; {REBUILD}", warnings
+    return None, warnings
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in v.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def read_sidecar(plan: Path) -> dict[str, Any] | None:
+    """The plan's sidecar as a dict, or ``None`` if there is none or it cannot be read
+    (a warning is logged then: the plan is still tried)."""
+    path = plan.with_name(plan.name + SIDECAR_SUFFIX)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        log.warning("%s has no sidecar %s: cannot check its TensorRT version and GPU before loading", plan, path.name)
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read %s (%s): loading %s unchecked", path, exc, plan)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def trt_datatype(type_name: str, tensor: str, plan: Path) -> Datatype:
+    """The KServe datatype of a TensorRT ``DataType`` member name.
+
+    Raises:
+        BackendError: a type with no KServe/numpy equivalent (FP8, INT4, FP4, E8M0).
+    """
+    kserve = TRT_TYPES.get(type_name)
+    if kserve is None:
+        raise BackendError(
+            f"{plan}: tensor '{tensor}' is TensorRT {type_name}, which has no KServe datatype; "
+            "keep the engine's inputs and outputs in FP32/FP16/BF16/INT8/INT32/INT64/BOOL/UINT8"
+        )
+    return DATATYPES[kserve]
+
+
+# --------------------------------------------------------------------------- TensorRT logger
+
+
+class _LogLines:
+    """TensorRT's ERROR lines, numbered, so a caller can take those logged since a mark.
+    TensorRT may call the logger from its own threads, hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=64)
+
+    def add(self, line: str) -> None:
+        with self._lock:
+            self._seq += 1
+            self._lines.append((self._seq, line))
+
+    def mark(self) -> int:
+        with self._lock:
+            return self._seq
+
+    def since(self, mark: int) -> list[str]:
+        with self._lock:
+            return [line for seq, line in self._lines if seq > mark]
+
+
+@functools.cache
+def logger() -> Any:
+    """The process's one TensorRT logger (a ``trt.ILogger``): forwards to Python logging
+    (``trtserve.runtimes.tensorrt``) and keeps the last ERROR lines (``logger().errors``)."""
+    import tensorrt as trt
+
+    class CapturingLogger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors = _LogLines()
+
+        def log(self, severity: trt.ILogger.Severity, msg: str) -> None:
+            level = int(severity)
+            if level <= int(trt.ILogger.Severity.ERROR):
+                self.errors.add(msg)
+                log.error("TensorRT: %s", msg)
+            elif level == int(trt.ILogger.Severity.WARNING):
+                log.warning("TensorRT: %s", msg)
+            elif level == int(trt.ILogger.Severity.INFO):
+                log.debug("TensorRT: %s", msg)
+
+    return CapturingLogger()
+
+
+def logged_errors(mark: int) -> str:
+    """TensorRT's ERROR lines since ``mark``, joined for a message ("" if none)."""
+    lines = logger().errors.since(mark)
+    return ("; TensorRT said: " + " | ".join(lines[-3:])) if lines else ""
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+@dataclass
+class _Slot:
+    """One execution slot: context, stream, event and buffers, touched only from its thread."""
+
+    context: trt.IExecutionContext
+    profile: int
+    stream: cuda.Stream
+    event: cuda.Event
+    host_in: dict[str, cuda.PinnedBuffer] = field(default_factory=dict)
+    dev_in: dict[str, cuda.DeviceBuffer] = field(default_factory=dict)
+    host_out: dict[str, cuda.PinnedBuffer] = field(default_factory=dict)
+    dev_out: dict[str, cuda.DeviceBuffer] = field(default_factory=dict)
+
+    def release(self) -> None:
+        """Wait for the stream, then free everything (best effort: every resource is tried)."""
+        errors: list[BaseException] = []
+        buffers: list[cuda.PinnedBuffer | cuda.DeviceBuffer] = [
+            *self.host_in.values(), *self.dev_in.values(), *self.host_out.values(), *self.dev_out.values()
+        ]
+        steps: list[Callable[[], None]] = [self.stream.synchronize, *(b.free for b in buffers), self.event.destroy, self.stream.destroy]
+        for step in steps:
+            try:
+                step()
+            except BackendError as exc:
+                errors.append(exc)
+        del self.context
+        if errors:
+            log.warning("releasing a TensorRT slot: %s", "; ".join(map(str, errors)))
+
+
+class TensorRTBackend:
+    """A TensorRT plan on CUDA device ``device``. See the module docstring for the data path.
+
+    Args:
+        plan: the ``model.plan`` file (its sidecar ``model.plan.json`` beside it).
+        slots: execution slots (one context, stream and buffer set each, on its own thread).
+        batched: whether axis 0 of every tensor is the batch (``max_batch_size > 0``).
+        max_batch_size: the config's; must fit the plan's profile.
+        pad_value: fills variable-length dims up to the longest row of a batch.
+        device: the CUDA device ordinal.
+
+    Raises:
+        GpuUnavailable: no TensorRT, no cuda-python, no driver or no device (one sentence).
+        BackendError: the plan does not match this machine (which mismatch, "rebuild with
+            make engine"), cannot be deserialized (with TensorRT's errors), has I/O this
+            server cannot exchange, or a profile smaller than ``max_batch_size``.
+    """
+
+    def __init__(
+        self,
+        plan: Path,
+        *,
+        slots: int = 1,
+        batched: bool = True,
+        max_batch_size: int = 0,
+        pad_value: float = 0.0,
+        device: int = 0,
+    ) -> None:
+        self.plan = Path(plan)
+        reason = unavailable_reason(device)
+        if reason is not None:
+            raise GpuUnavailable(f"{self.plan} needs TensorRT and an NVIDIA GPU, but {reason}")
+        trt_mod = import_tensorrt()
+        info = cuda.preflight(device)
+        sidecar = read_sidecar(self.plan)
+        if sidecar is not None:
+            error, warnings = sidecar_problems(
+                self.plan,
+                sidecar,
+                {"tensorrt_version": str(trt_mod.__version__), "gpu_name": info.name, "compute_capability": info.compute_capability},
+            )
+            if error:
+                raise BackendError(error)
+            for w in warnings:
+                log.warning("%s", w)
+        try:
+            data = self.plan.read_bytes()
+        except OSError as exc:
+            raise BackendError(f"cannot read {self.plan}: {exc}") from exc
+        cuda.set_device(device)
+        self._runtime, self._engine = _deserialize(data, self.plan, sidecar)
+        self.slots = slots
+        self.batched = batched
+        self.pad_value = pad_value
+        self.device = device
+        self.inputs, self.outputs, self._bounds = _introspect(self._engine, self.plan, batched)
+        self._profiles = [i if self._engine.num_optimization_profiles >= slots else 0 for i in range(slots)]
+        if batched:
+            for name, b in self._bounds[0].items():
+                if max_batch_size > b.max[0]:
+                    raise BackendError(
+                        f"{self.plan}: max_batch_size is {max_batch_size} but the plan's profile takes at most "
+                        f"{b.max[0]} rows of input '{name}'; {REBUILD} (or lower max_batch_size)"
+                    )
+        self._threads = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"trt-slot{i}", initializer=cuda.set_device, initargs=(device,))
+            for i in range(slots)
+        ]
+        futures = [t.submit(self._make_slot, self._profiles[i]) for i, t in enumerate(self._threads)]
+        self._slots: list[_Slot] = []
+        failure: BaseException | None = None
+        for f in futures:
+            try:
+                self._slots.append(f.result())
+            except BaseException as exc:  # keep collecting, so every made slot is released
+                failure = failure or exc
+        if failure is not None:
+            self._shutdown()
+            if isinstance(failure, BackendError):
+                raise failure
+            raise BackendError(f"TensorRT cannot set up {self.plan}: {failure}") from failure
+        log.info("%s: TensorRT %s on %s (compute %s), %d slot(s)", self.plan, trt_mod.__version__, info.name, info.compute_capability, slots)
+
+    # -- Backend protocol
+
+    def prepare(self, segment: Tensors) -> Tensors:
+        """Refuse a request whose non-batch dims are beyond the plan's profile, at admission
+        (InvalidRequest: it fails alone, never the batch it would have joined)."""
+        check_request(segment, self._bounds[0], batched=self.batched)
+        return segment
+
+    async def run(self, slot: int, batch: Batch) -> Tensors:
+        """Run ``batch`` on slot ``slot`` in that slot's thread. See :class:`~trtserve.runtimes.base.Backend`."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads[slot], self._run, slot, batch)
+
+    async def aclose(self) -> None:
+        """Wait for every slot's stream, free buffers, streams, events and contexts, then the engine."""
+        await asyncio.to_thread(self._shutdown)
+
+    # -- internals
+
+    def _make_slot(self, profile: int) -> _Slot:
+        """Create one slot's context, stream, event and buffers (on the slot's own thread)."""
+        import tensorrt as trt
+
+        mark = logger().errors.mark()
+        context = self._engine.create_execution_context(trt.ExecutionContextAllocationStrategy.STATIC)
+        if context is None:
+            raise BackendError(f"TensorRT cannot create an execution context for {self.plan}{logged_errors(mark)}")
+        stream, event = cuda.Stream(), cuda.Event()
+        slot = _Slot(context, profile, stream, event)
+        try:
+            if not context.set_optimization_profile_async(profile, stream.native):
+                raise BackendError(f"TensorRT cannot select optimization profile {profile} of {self.plan}{logged_errors(mark)}")
+            stream.synchronize()
+            bounds = self._bounds[profile]
+            for spec in self.inputs:
+                nbytes = _nbytes(bounds[spec.name].max, spec.datatype)
+                slot.host_in[spec.name] = cuda.PinnedBuffer(nbytes)
+                slot.dev_in[spec.name] = cuda.DeviceBuffer(nbytes)
+                if not context.set_input_shape(spec.name, bounds[spec.name].max):
+                    raise BackendError(f"TensorRT refused the profile maximum shape of '{spec.name}'{logged_errors(mark)}")
+            _infer(context, self.plan, mark)
+            for spec in self.outputs:
+                shape = tuple(context.get_tensor_shape(spec.name))
+                if any(d < 0 for d in shape):
+                    raise BackendError(
+                        f"{self.plan}: output '{spec.name}' has a data-dependent shape {list(shape)}, which this server does not support"
+                    )
+                nbytes = _nbytes(shape, spec.datatype)
+                slot.host_out[spec.name] = cuda.PinnedBuffer(nbytes)
+                slot.dev_out[spec.name] = cuda.DeviceBuffer(nbytes)
+            # Buffers never move, so the addresses are set once for the slot's life.
+            for name, buf in (*slot.dev_in.items(), *slot.dev_out.items()):
+                if not context.set_tensor_address(name, buf.ptr):
+                    raise BackendError(f"TensorRT refused the address of tensor '{name}'{logged_errors(mark)}")
+        except BaseException:
+            slot.release()
+            raise
+        return slot
+
+    def _run(self, index: int, batch: Batch) -> Tensors:
+        slot = self._slots[index]
+        # Shapes first: nothing reaches the device for a batch the profile cannot take.
+        packed_shapes = {spec.name: padded_shape(batch.parts, spec.name) for spec in self.inputs}
+        shapes = packed_shapes if self.batched else {n: s[1:] for n, s in packed_shapes.items()}
+        check_profile(shapes, self._bounds[slot.profile], batched=self.batched)
+        packed = pack(batch, self.inputs, None, self.pad_value, out={n: b.array for n, b in slot.host_in.items()})
+        context = slot.context
+        mark = logger().errors.mark()
+        try:
+            for name, shape in shapes.items():
+                if not context.set_input_shape(name, shape):
+                    raise BackendError(f"TensorRT refused shape {list(shape)} for input '{name}'{logged_errors(mark)}")
+            _infer(context, self.plan, mark)
+            out_shapes = {spec.name: tuple(context.get_tensor_shape(spec.name)) for spec in self.outputs}
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"TensorRT failed to set up a batch of {batch.rows} rows: {exc}{logged_errors(mark)}") from exc
+        out_bytes: dict[str, int] = {}
+        for spec in self.outputs:
+            shape = out_shapes[spec.name]
+            nbytes = _nbytes(shape, spec.datatype) if all(d >= 0 for d in shape) else -1
+            if nbytes < 0 or nbytes > slot.host_out[spec.name].nbytes:
+                raise BackendError(
+                    f"TensorRT output '{spec.name}' has shape {list(shape)}, which does not fit the buffer sized for the profile maximum"
+                )
+            out_bytes[spec.name] = nbytes
+        try:
+            for name, arr in packed.items():
+                cuda.copy_htod_async(slot.dev_in[name], slot.host_in[name], arr.nbytes, slot.stream)
+            if not context.execute_async_v3(slot.stream.native):
+                raise BackendError(f"TensorRT execute_async_v3 failed on a batch of {batch.rows} rows{logged_errors(mark)}")
+            for name, nbytes in out_bytes.items():
+                cuda.copy_dtoh_async(slot.host_out[name], slot.dev_out[name], nbytes, slot.stream)
+            slot.event.record(slot.stream)
+            slot.event.synchronize()
+        except BaseException as exc:
+            # Copies may still be in flight: wait for them before the buffers can be reused.
+            try:
+                slot.stream.synchronize()
+            except BackendError as sync_exc:
+                log.error("slot %d stream after a failed batch: %s", index, sync_exc)
+            if isinstance(exc, BackendError):
+                raise
+            if isinstance(exc, Exception):
+                raise BackendError(f"TensorRT failed on a batch of {batch.rows} rows: {exc}{logged_errors(mark)}") from exc
+            raise
+        outputs: Tensors = {}
+        for spec in self.outputs:
+            view = view_into(slot.host_out[spec.name].array, out_shapes[spec.name], spec.datatype.numpy, spec.name)
+            # A copy: the pinned buffer is the slot's, and its next batch overwrites it.
+            arr = view.copy()
+            outputs[spec.name] = arr if self.batched else arr[np.newaxis]
+        return outputs
+
+    def _shutdown(self) -> None:
+        slots, self._slots = getattr(self, "_slots", []), []
+        for i, slot in enumerate(slots):
+            try:
+                self._threads[i].submit(slot.release).result()
+            except Exception as exc:  # a failed release must not keep the rest allocated
+                log.warning("releasing slot %d of %s: %s", i, self.plan, exc)
+        for thread in getattr(self, "_threads", []):
+            thread.shutdown(wait=True)
+        # Contexts (released above) before the engine, the engine before the runtime.
+        self._engine = None  # type: ignore[assignment]
+        self._runtime = None  # type: ignore[assignment]
+
+
+def _deserialize(data: bytes, plan: Path, sidecar: Mapping[str, Any] | None) -> tuple[trt.Runtime, trt.ICudaEngine]:
+    import tensorrt as trt
+
+    mark = logger().errors.mark()
+    trt.init_libnvinfer_plugins(logger(), "")  # engines may use TensorRT's bundled plugins
+    try:
+        runtime = trt.Runtime(logger())
+    except TypeError as exc:  # pybind's "factory function returned nullptr": CUDA did not initialise
+        raise GpuUnavailable(f"TensorRT cannot start its runtime on this machine{logged_errors(mark)}") from exc
+    if sidecar is not None and (sidecar.get("build") or {}).get("version_compatible"):
+        # A version-compatible plan embeds a lean runtime (host code): only plans this
+        # project built and recorded in a sidecar get here.
+        runtime.engine_host_code_allowed = True
+    try:
+        engine = runtime.deserialize_cuda_engine(data)
+    except Exception as exc:
+        raise BackendError(f"TensorRT cannot deserialize {plan}: {exc}{logged_errors(mark)}; {REBUILD}") from exc
+    if engine is None:
+        raise BackendError(f"TensorRT cannot deserialize {plan}{logged_errors(mark)}; {REBUILD}")
+    return runtime, engine
+
+
+def _introspect(
+    engine: trt.ICudaEngine, plan: Path, batched: bool
+) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], list[dict[str, ProfileBounds]]]:
+    """The engine's (inputs, outputs) as KServe tensors and, per profile, each input's bounds.
+
+    Raises:
+        BackendError: a tensor type with no KServe datatype, a shape tensor or host-resident
+            tensor, or (batched) an input whose axis 0 is not dynamic.
+    """
+    import tensorrt as trt
+
+    inputs: list[TensorSpec] = []
+    outputs: list[TensorSpec] = []
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        datatype = trt_datatype(engine.get_tensor_dtype(name).name, name, plan)
+        if engine.get_tensor_location(name) != trt.TensorLocation.DEVICE:
+            raise BackendError(f"{plan}: tensor '{name}' is a host (shape) tensor, which this server does not support")
+        shape = tuple(int(d) for d in engine.get_tensor_shape(name))
+        if batched and (not shape or (engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT and shape[0] != -1)):
+            raise BackendError(
+                f"{plan}: tensor '{name}' has shape {list(shape)} with no dynamic batch axis, but max_batch_size > 0; "
+                "export the ONNX model with a dynamic batch dim"
+            )
+        spec = TensorSpec(name, datatype, shape[1:] if batched else shape)
+        (inputs if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT else outputs).append(spec)
+    bounds: list[dict[str, ProfileBounds]] = []
+    for p in range(engine.num_optimization_profiles):
+        per: dict[str, ProfileBounds] = {}
+        for spec in inputs:
+            static = tuple(int(d) for d in engine.get_tensor_shape(spec.name))
+            if all(d >= 0 for d in static):
+                per[spec.name] = ProfileBounds(spec.name, static, static)
+                continue
+            lo, _opt, hi = engine.get_tensor_profile_shape(spec.name, p)
+            per[spec.name] = ProfileBounds(spec.name, tuple(int(d) for d in lo), tuple(int(d) for d in hi))
+        bounds.append(per)
+    return tuple(inputs), tuple(outputs), bounds
+
+
+def _infer(context: trt.IExecutionContext, plan: Path, mark: int) -> None:
+    try:
+        missing = context.infer_shapes()
+    except RuntimeError as exc:
+        raise BackendError(f"TensorRT cannot infer the shapes of {plan}: {exc}{logged_errors(mark)}") from exc
+    if missing:
+        raise BackendError(f"TensorRT cannot infer the shapes of {plan}: {sorted(missing)} are not specified{logged_errors(mark)}")
+
+
+def _nbytes(shape: Sequence[int], datatype: Datatype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * datatype.itemsize
+
+
+__all__ = [
+    "PLAN_FILE",
+    "ProfileBounds",
+    "TensorRTBackend",
+    "check_profile",
+    "check_request",
+    "import_tensorrt",
+    "read_sidecar",
+    "sidecar_problems",
+    "unavailable_reason",
+]

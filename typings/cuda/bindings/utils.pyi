@@ -1,0 +1,3 @@
+from typing import Any
+
+def get_cuda_native_handle(obj: Any) -> int: ...
