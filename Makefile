@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8001
 GEN := service/trtserve/_proto
-PROTOS := $(wildcard protos/inference/*.proto)
+PROTOS := $(wildcard protos/inference/*.proto protos/trtserve/v1/*.proto)
 DATA ?= ../shared/data
 
 .PHONY: setup protos engine serve demo test bench clients clean
@@ -28,8 +28,8 @@ $(GEN)/.stamp: $(PROTOS) $(VENV)/.installed
 	rm -rf $(GEN) && mkdir -p $(GEN)
 	$(PY) -m grpc_tools.protoc -I protos --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) $(PROTOS)
 	# protoc writes absolute imports (`from inference import ...`); make them package-relative.
-	sed -i -E 's/^from inference import/from trtserve._proto.inference import/' $(GEN)/inference/*.py
-	touch $(GEN)/__init__.py $(GEN)/inference/__init__.py $@
+	sed -i -E 's/^from (inference|trtserve\.v1) import/from trtserve._proto.\1 import/' $(GEN)/inference/*.py $(GEN)/trtserve/v1/*.py
+	touch $(GEN)/__init__.py $(GEN)/inference/__init__.py $(GEN)/trtserve/__init__.py $(GEN)/trtserve/v1/__init__.py $@
 
 ## engine: build every model in engines/ (ONNX exports, test models; TensorRT plans where a GPU exists)
 engine: protos
@@ -53,5 +53,25 @@ test: engine
 bench: engine
 	$(PY) -m trtserve bench --model-repository engines --out bench-results
 
+## clients: generate and build every client from protos/ (Python: `protos`; Node.js: npm ci, protos
+## loaded at run time; C++: protoc + grpc_cpp_plugin in the CMake build; Go: clients/go/build.sh).
+## Toolchains from Debian: clients/install_deps.sh. Pick some with `make clients CLIENTS="node cpp"`.
+CLIENTS ?= node cpp go
+.PHONY: clients-node clients-cpp clients-go clients-test
+clients: protos $(addprefix clients-,$(CLIENTS))
+clients-node: clients/node/node_modules/.package-lock.json
+clients/node/node_modules/.package-lock.json: clients/node/package.json clients/node/package-lock.json
+	cd clients/node && npm ci --ignore-scripts --no-audit --no-fund
+clients-cpp:
+	cmake -S clients/cpp -B clients/cpp/build
+	cmake --build clients/cpp/build -j $(shell nproc 2>/dev/null || echo 2)
+clients-go:
+	clients/go/build.sh
+
+## clients-test: the Node.js test, the C++ and the Go example against one live server (CI runs it after `make test`)
+clients-test: clients engine
+	clients/run_all.sh $(CLIENTS)
+
 clean:
 	rm -rf $(GEN) $(VENV) bench-results
+	rm -rf clients/node/node_modules clients/cpp/build clients/go/build

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Run every generated client against one live trtserve and exit non-zero if any fails.
+#
+#   clients/run_all.sh [node] [cpp] [go]      (default: all three; `make clients-test`)
+#
+# Starts `trtserve serve --port 0` on 127.0.0.1 over engines/ (PYTHON picks the interpreter,
+# default .venv/bin/python), waits for its "listening on" line, runs the Node.js test
+# (node --test), the C++ example and the Go example with the server's address, then stops the
+# server with SIGTERM. The clients must be built first (`make clients`).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+CLIENTS=("$@")
+[ ${#CLIENTS[@]} -gt 0 ] || CLIENTS=(node cpp go)
+
+LOG=$(mktemp -t trtserve-clients.XXXXXX.log)
+"$PYTHON" -m trtserve serve --model-repository "$ROOT/engines" --host 127.0.0.1 --port 0 >"$LOG" 2>&1 &
+SERVER=$!
+stop_server() {
+  if kill -0 "$SERVER" 2>/dev/null; then
+    kill -TERM "$SERVER" 2>/dev/null
+    for _ in $(seq 300); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER" 2>/dev/null || true
+  fi
+  wait "$SERVER" 2>/dev/null
+}
+trap stop_server EXIT
+
+URL=
+for _ in $(seq 1200); do  # up to 120 s: models load before the server listens
+  URL=$(sed -nE 's/.*listening on ([0-9.]+:[0-9]+).*/\1/p' "$LOG" | head -n1)
+  [ -n "$URL" ] && break
+  if ! kill -0 "$SERVER" 2>/dev/null; then break; fi
+  sleep 0.1
+done
+if [ -z "$URL" ]; then
+  echo "trtserve did not start:" >&2
+  cat "$LOG" >&2
+  exit 1
+fi
+echo "== trtserve at $URL (log: $LOG)"
+
+FAILED=()
+run() {  # run NAME COMMAND...
+  local name=$1 start=$SECONDS
+  shift
+  echo "== $name: $*"
+  if "$@"; then
+    echo "== $name: passed ($((SECONDS - start)) s)"
+  else
+    echo "== $name: FAILED ($((SECONDS - start)) s)"
+    FAILED+=("$name")
+  fi
+}
+
+for client in "${CLIENTS[@]}"; do
+  case $client in
+    node) run node env TRTSERVE_URL="$URL" node --test --test-reporter=spec clients/node/test/ ;;
+    cpp) run cpp clients/cpp/build/trtserve_example "$URL" ;;
+    go) run go clients/go/build/go_example "$URL" ;;
+    *) echo "unknown client '$client' (node, cpp, go)" >&2; FAILED+=("$client") ;;
+  esac
+done
+
+stop_server
+trap - EXIT
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "== client checks FAILED: ${FAILED[*]} (server log: $LOG)" >&2
+  exit 1
+fi
+echo "== all client checks passed: ${CLIENTS[*]}"
+rm -f "$LOG"
