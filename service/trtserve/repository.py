@@ -227,6 +227,7 @@ class Repository:
         self.pool = pool
         self.backend_factory = backend_factory
         self.models: dict[str, ModelEntry] = {}
+        self._warmup = asyncio.Lock()
 
     def discover(self) -> list[str]:
         """Names of the model directories (those holding a config.pbtxt), sorted."""
@@ -249,7 +250,10 @@ class Repository:
             entry.spec = spec
             backend = await asyncio.to_thread(self.backend_factory, spec)
             served = ServedModel(spec, backend, clock=self.clock, pool=self.pool)
-            await served.start()
+            # One warm-up at a time: a model's first latency profile must not measure the
+            # other models loading beside it.
+            async with self._warmup:
+                await served.start()
         except Exception as exc:  # any failure leaves this model unavailable, not the server
             entry.state = ModelState.UNAVAILABLE
             entry.reason = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc)

@@ -12,7 +12,8 @@
 ``predict`` receives every configured input with the batch's rows on axis 0 (no batch axis for
 a model with ``max_batch_size: 0``): numeric inputs in the configured dtype, BYTES inputs as
 object arrays of ``bytes``, variable (-1) dims padded to the longest row with ``pad_value``
-(``b""`` for BYTES). The arrays are read-only. It returns every configured output with the
+(``b""`` for BYTES). The arrays are read-only and may be reused after the call (copy what
+you keep). It returns every configured output with the
 configured dtype (BYTES: an object array of ``bytes``), the same number of rows on axis 0 and
 the configured fixed dims; other keys are ignored. An exception in ``predict``, or a missing or
 mismatched output, raises :class:`~trtserve.errors.BackendError` (gRPC ``INTERNAL``) for every
@@ -28,13 +29,16 @@ Execution, chosen by the config's ``isolation`` parameter:
     Each slot's instance lives in its own worker process (``multiprocessing``, spawn), so
     pure-Python models do not hold the server's GIL. Numeric tensors cross in shared memory
     (``multiprocessing.shared_memory``) both ways; BYTES tensors are pickled over the pipe. A
-    worker that dies fails the batch it was running and is started again.
+    worker that dies fails the batch it was running and is started again. A program that
+    embeds the server (rather than ``trtserve serve``) needs spawn's usual
+    ``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import multiprocessing
 import signal
 import sys
@@ -51,6 +55,8 @@ from ..errors import BackendError
 from ..protocol.datatypes import Datatype
 from ..spec import ModelSpec
 from .base import Batch, StagingBuffers, Tensors, pack
+
+log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.py"
 MODEL_CLASS = "Model"
@@ -140,7 +146,8 @@ class PythonBackend:
         feed = pack(batch, self.inputs, self._staging[slot], self.spec.policy.pad_value)
         if not self.spec.batched:
             feed = {name: arr[0] for name, arr in feed.items()}
-        outputs = self._workers[slot].predict({name: _read_only(arr) for name, arr in feed.items()}, batch.rows)
+        feed = {name: _read_only(arr) for name, arr in feed.items()}
+        outputs = self._workers[slot].predict(feed, batch.rows)
         if not self.spec.batched:
             outputs = {name: arr[np.newaxis] for name, arr in outputs.items()}
         return outputs
@@ -169,7 +176,7 @@ def model_class(spec: ModelSpec) -> type:
         if module_spec is None or module_spec.loader is None:
             raise ImportError(f"cannot import {path}")
         module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module  # classes defined there must be importable by name (pickle)
+        sys.modules[name] = module  # dataclasses and pickle look its classes up there
         module_spec.loader.exec_module(module)
     except Exception as exc:
         raise BackendError(f"cannot load {path}: {type(exc).__name__}: {exc}") from exc
@@ -210,7 +217,8 @@ def predict(model: Any, inputs: Tensors, spec: ModelSpec, rows: int) -> Tensors:
         raise BackendError(f"predict of model '{spec.name}' raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(returned, dict):
         raise BackendError(
-            f"predict of model '{spec.name}' returned {type(returned).__name__}; expected a dict of output name to numpy array"
+            f"predict of model '{spec.name}' returned {type(returned).__name__}; "
+            "expected a dict of output name to numpy array"
         )
     lead = (rows,) if spec.batched else ()
     outputs: Tensors = {}
@@ -225,7 +233,9 @@ def predict(model: Any, inputs: Tensors, spec: ModelSpec, rows: int) -> Tensors:
             )
         if not (isinstance(arr, np.ndarray) and _matches(arr, t.datatype, want)):
             got = f"{arr.dtype} of shape {list(arr.shape)}" if isinstance(arr, np.ndarray) else type(arr).__name__
-            raise BackendError(f"predict of model '{spec.name}' output '{t.name}': expected {expected}, returned {got}")
+            raise BackendError(
+                f"predict of model '{spec.name}' output '{t.name}': expected {expected}, returned {got}"
+            )
         outputs[t.name] = arr
     return outputs
 
@@ -305,6 +315,11 @@ class _ProcessWorker:
             raise BackendError(detail)
 
     def predict(self, inputs: Tensors, rows: int) -> Tensors:
+        if self._process is not None and not self._process.is_alive():
+            # Died between batches: no batch was lost, so replace it quietly.
+            code = self._reap()
+            log.warning("%s: worker process for slot %d died idle (exit code %s); restarting",
+                        self.spec.name, self.slot, code)
         if self._process is None:
             self._start()
         try:
@@ -312,6 +327,7 @@ class _ProcessWorker:
             kind, detail = self._conn.recv()
         except (EOFError, OSError):
             died = f"worker process for slot {self.slot} died (exit code {self._reap()})"
+            log.warning("%s: %s while running a batch of %d rows; restarting", self.spec.name, died, rows)
             try:
                 self._start()
             except BackendError as exc:
@@ -356,13 +372,16 @@ def _serve(conn: Connection, spec: ModelSpec, config: bytes | None) -> None:
         return
     conn.send(("ready", None))
     inputs, outputs = _Attachment(), _Arena()
-    while (message := conn.recv()) is not None:
-        packet, rows = message
-        try:
-            reply = ("ok", outputs.write(predict(model, inputs.read(packet), spec, rows)))
-        except BackendError as exc:
-            reply = ("error", str(exc))
-        conn.send(reply)
+    try:
+        while (message := conn.recv()) is not None:
+            packet, rows = message
+            try:
+                reply: tuple[str, object] = ("ok", outputs.write(predict(model, inputs.read(packet), spec, rows)))
+            except BackendError as exc:
+                reply = ("error", str(exc))
+            conn.send(reply)
+    except EOFError:
+        pass  # the server went away without a word
 
 
 class _Arena:
@@ -375,23 +394,29 @@ class _Arena:
 
     def write(self, tensors: Tensors) -> Packet:
         """Copy the numeric tensors into the block; the packet tells the reader where they are."""
+        numeric = {name: arr for name, arr in tensors.items() if arr.dtype != np.dtype(object)}
+        objects = {name: arr for name, arr in tensors.items() if name not in numeric}
+        if not numeric:
+            return None, {}, objects
         layout: dict[str, tuple[np.dtype, tuple[int, ...], int]] = {}
         end = 0
-        for name, arr in tensors.items():
-            if arr.dtype != np.dtype(object):
-                offset = -(-end // _ALIGN) * _ALIGN
-                layout[name] = (arr.dtype, arr.shape, offset)
-                end = offset + arr.nbytes
-        if end and (self._shm is None or self._shm.size < end):
-            old = self._shm
-            self._shm = SharedMemory(create=True, size=max(end, 2 * (old.size if old else 0), 1 << 16))
+        for name, arr in numeric.items():
+            offset = -(-end // _ALIGN) * _ALIGN
+            layout[name] = (arr.dtype, arr.shape, offset)
+            end = offset + arr.nbytes
+        shm = self._reserve(end)
+        for name, (dtype, shape, offset) in layout.items():
+            np.ndarray(shape, dtype, buffer=shm.buf, offset=offset)[...] = numeric[name]
+        return shm.name, layout, objects
+
+    def _reserve(self, nbytes: int) -> SharedMemory:
+        old = self._shm
+        if old is None or old.size < nbytes:
+            self._shm = SharedMemory(create=True, size=max(nbytes, 2 * (old.size if old else 0), 1 << 16))
             if old is not None:
                 old.close()
                 old.unlink()
-        for name, (dtype, shape, offset) in layout.items():
-            np.ndarray(shape, dtype, buffer=self._shm.buf, offset=offset)[...] = tensors[name]  # type: ignore[union-attr]
-        objects = {name: arr for name, arr in tensors.items() if name not in layout}
-        return (self._shm.name if layout else None), layout, objects  # type: ignore[union-attr]
+        return self._shm  # type: ignore[return-value]
 
     def close(self) -> None:
         if self._shm is not None:
@@ -409,12 +434,13 @@ class _Attachment:
     def read(self, packet: Packet) -> Tensors:
         """The packet's tensors as read-only arrays of their own (the block is reused next batch)."""
         name, layout, objects = packet
-        if name is not None and (self._shm is None or self._shm.name != name):
-            self.close(unlink=False)
-            self._shm = SharedMemory(name)
         tensors = dict(objects)
-        for tname, (dtype, shape, offset) in layout.items():
-            tensors[tname] = np.ndarray(shape, dtype, buffer=self._shm.buf, offset=offset).copy()  # type: ignore[union-attr]
+        if name is not None:
+            if self._shm is None or self._shm.name != name:
+                self.close(unlink=False)
+                self._shm = SharedMemory(name)
+            for tname, (dtype, shape, offset) in layout.items():
+                tensors[tname] = np.ndarray(shape, dtype, buffer=self._shm.buf, offset=offset).copy()
         for arr in tensors.values():
             arr.flags.writeable = False
         return tensors
