@@ -1,7 +1,10 @@
 """``trtserve`` command line: serve, build, and the tools around them.
 
 The CLI only parses arguments into the library's objects; no environment variable is read
-below this module.
+below this module. Every option of ``serve`` (and the global logging options) can also be set
+as ``TRTSERVE_<FLAG>`` (``--grace-period`` → ``TRTSERVE_GRACE_PERIOD``; switches take 1/0,
+true/false, yes/no, on/off); a flag on the command line wins. The bearer token is read from
+``--auth-token-file`` or, without it, ``TRTSERVE_AUTH_TOKEN``.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import importlib
 import importlib.util
 import logging
+import os
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +25,34 @@ from .server import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT
 
 log = logging.getLogger("trtserve")
 
+ENV_PREFIX = "TRTSERVE_"
+AUTH_TOKEN_ENV = "TRTSERVE_AUTH_TOKEN"
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+
+
+def env_name(action: argparse.Action) -> str:
+    """``--grace-period`` → ``TRTSERVE_GRACE_PERIOD``."""
+    return ENV_PREFIX + action.option_strings[-1].lstrip("-").upper().replace("-", "_")
+
+
+def _env_defaults(parser: argparse.ArgumentParser) -> None:
+    """Default every option of ``parser`` to its ``TRTSERVE_<FLAG>`` environment variable
+    (argparse converts a string default with the option's type) and name it in ``--help``."""
+    for action in parser._actions:
+        if not action.option_strings or action.default is argparse.SUPPRESS:
+            continue
+        name = env_name(action)
+        action.help = f"{action.help or ''} [env {name}]".strip()
+        if name not in os.environ:
+            continue
+        value = os.environ[name]
+        if action.nargs == 0:  # a switch
+            if value.strip().lower() not in _TRUE | _FALSE:
+                parser.error(f"{name}={value!r}: expected one of 1/0, true/false, yes/no, on/off")
+            action.default = action.const if value.strip().lower() in _TRUE else action.default
+        else:
+            action.default = value
+
 
 def _add_repository(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-repository", type=Path, default=Path("engines"), help="model repository directory (default: engines)")
@@ -30,6 +62,10 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     """The argument parser; only the ``selected`` tool's module is imported for its flags."""
     parser = argparse.ArgumentParser(prog="trtserve", description="trtserve: a gRPC inference server (KServe v2 / Triton protocol) with a deadline-aware batching dispatcher.")
     parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    parser.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="log lines as text or as one JSON object each (default: text)")
+    parser.add_argument("--log-requests", action="store_true",
+                        help="log one line per request: request id, model, status, duration (logger trtserve.requests)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve the model repository over gRPC (KServe v2 / Triton protocol)")
@@ -43,17 +79,34 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--cpu-workers", type=int, default=2, help="threads for handler pre/post-processing (default: 2)")
     serve.add_argument("--intra-op-threads", type=int, default=0, help="ONNX Runtime threads per session (default: 0, one per core)")
     serve.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish queued work on SIGTERM (default: 30)")
+    serve.add_argument("--max-request-elements", type=int, default=0,
+                       help="most tensor elements one request may declare over its inputs, checked before any allocation "
+                            "(default: 0, as many as --max-message-bytes)")
+    serve.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics HTTP port (default: 0, off)")
+    serve.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint (default: 127.0.0.1)")
+    serve.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM); with --tls-key, serve TLS")
+    serve.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    serve.add_argument("--tls-ca", type=Path, help="CA certificates (PEM) for mutual TLS: clients must present a certificate signed by them")
+    serve.add_argument("--auth-token-file", type=Path,
+                       help=f"require 'authorization: Bearer <token>' with the token in this file (else ${AUTH_TOKEN_ENV}, if set)")
+    serve.add_argument("--auth-health", action="store_true",
+                       help="require the token for health checking and reflection too (default: they stay open)")
 
     build = sub.add_parser("build", help="build every model of the repository (ONNX exports, test models, TensorRT plans)")
     _add_repository(build)
     build.add_argument("--force", action="store_true", help="rebuild even when inputs are unchanged")
     build.add_argument("models", nargs="*", help="only these models (default: all with a build.py)")
+    from .runtimes import trtbuild  # imports neither TensorRT nor CUDA
+
+    trtbuild.add_arguments(build)
 
     for name, help_text in TOOLS.items():
         tool = sub.add_parser(name, help=help_text)
         _add_repository(tool)
         if name == selected:
             importlib.import_module(f"trtserve.tools.{name}").add_arguments(tool)
+    _env_defaults(parser)
+    _env_defaults(serve)
     return parser
 
 
@@ -62,6 +115,10 @@ TOOLS = {
     "demo": "the main job on real data: STS-B dev through a live server, then a corpus embed",
     "check": "check that a model (and its handler) gives the same answers batched as alone",
     "bench": "served throughput and latency against the raw engine, in one run, with plots",
+    "simulate": "compare dispatch policies (fixed timers vs adaptive) on the same simulated arrival trace",
+    "profile": "measure a model's throughput and latency against batch size and recommend max_batch_size",
+    "policy": "read or change a running model's batching policy (ModelControl RPC)",
+    "bulk": "run a model over a whole file (JSONL/CSV/Parquet) through servers or Ray into Parquet, resumably",
 }
 
 
@@ -70,14 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     selected = next((a for a in argv if a in TOOLS), None)
     args = build_parser(selected).parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from . import logs
+
+    logs.configure(args.log_level, args.log_format, args.log_requests)
     if args.command in TOOLS:
         return importlib.import_module(f"trtserve.tools.{args.command}").run(args)
     return {"serve": cmd_serve, "build": cmd_build}[args.command](args)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """Run ``build(model_dir, force)`` of every ``engines/<model>/build.py``."""
+    """Run ``build(model_dir, force)`` of every ``engines/<model>/build.py``, then build TensorRT plans (:mod:`trtserve.runtimes.trtbuild`)."""
     root: Path = args.model_repository
     recipes = sorted(root.glob("*/build.py"))
     if args.models:
@@ -90,10 +149,11 @@ def cmd_build(args: argparse.Namespace) -> int:
         spec.loader.exec_module(module)
         changed = module.build(model_dir, force=args.force)
         print(f"{model_dir.name}: {'built' if changed else 'up to date'}")
-    print(
-        "TensorRT plans need an NVIDIA GPU with TensorRT; none was found, so the ONNX models will be served by ONNX Runtime on the CPU."
-    )
-    return 0
+    from .runtimes import trtbuild
+
+    # Plans where TensorRT and a CUDA device exist; otherwise one sentence saying what is
+    # missing (exit 0, the ONNX models remain; 1 with --tensorrt).
+    return trtbuild.build_all(root, args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -115,18 +175,29 @@ async def _serve(args: argparse.Namespace) -> int:
         pool=pool,
         backend_factory=partial(runtimes.create, options=options),
     )
-    await repository.load_all()
+    try:
+        security = _security(args)
+    except ValueError as exc:
+        print(f"trtserve serve: {exc}", file=sys.stderr)
+        return 2
+    # Listen first, load second: while models load, health says NOT_SERVING, ServerReady
+    # false and ServerLive true, instead of a refused connection.
     server, service, port = await start_server(
         repository,
         host=args.host,
         port=args.port,
         max_message_bytes=args.max_message_bytes,
         stream_inflight=args.stream_inflight,
+        max_request_elements=args.max_request_elements or None,
+        metrics_port=args.metrics_port or None,
+        metrics_host=args.metrics_host,
+        loading=True,
+        **security,
     )
-    for name, entry in sorted(repository.models.items()):
-        log.info("model %-16s %s %s", name, entry.state.value, entry.reason)
-    # Tests and tools read the bound port from this line.
-    print(f"trtserve listening on {args.host}:{port}", flush=True)
+    # Not the "listening" line (tools wait for that one, once the models are loaded).
+    print(f"trtserve bound {args.host}:{port}, loading models", flush=True)
+    if service.metrics is not None:
+        print(f"trtserve metrics on http://{args.metrics_host}:{service.metrics.port}/metrics", flush=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -134,17 +205,62 @@ async def _serve(args: argparse.Namespace) -> int:
     def on_signal() -> None:
         if stop.is_set():
             log.warning("second signal: exiting now")
-            sys.exit(1)
+            logging.shutdown()
+            os._exit(1)
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
-    await stop.wait()
+    load = asyncio.ensure_future(repository.load_all())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((load, stopped), return_when=asyncio.FIRST_COMPLETED)
+    if load.done():
+        await service.loaded()
+        for name, entry in sorted(repository.models.items()):
+            log.info("model %-16s %s %s", name, entry.state.value, entry.reason)
+        # Tests and tools read the bound port from this line.
+        print(f"trtserve listening on {args.host}:{port}", flush=True)
+    else:
+        log.info("signal while loading: stopping")
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
+    await stopped
     log.info("draining (grace period %.1f s)", args.grace_period)
     await drain(server, service, repository, args.grace_period)
     pool.shutdown(wait=False)
     log.info("stopped")
     return 0
+
+
+def _security(args: argparse.Namespace) -> dict[str, object]:
+    """TLS and auth keyword arguments of ``start_server`` from the flags and the environment.
+
+    Raises:
+        ValueError: an incomplete TLS pair, a CA without TLS, or an unreadable or empty file.
+    """
+    from .security import TlsConfig
+
+    out: dict[str, object] = {}
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if args.tls_ca and not args.tls_cert:
+        raise ValueError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key")
+    if args.tls_cert:
+        out["tls"] = TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_ca)
+    token = os.environ.get(AUTH_TOKEN_ENV, "").strip() or None
+    if args.auth_token_file:
+        try:
+            token = args.auth_token_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read --auth-token-file {args.auth_token_file}: {exc.strerror or exc}") from exc
+        if not token:
+            raise ValueError(f"--auth-token-file {args.auth_token_file} is empty")
+    if token:
+        out["auth_token"] = token
+        out["auth_health"] = args.auth_health
+    elif args.auth_health:
+        raise ValueError("--auth-health needs a token (--auth-token-file or $" + AUTH_TOKEN_ENV + ")")
+    return out
 
 
 if __name__ == "__main__":

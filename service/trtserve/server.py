@@ -36,6 +36,8 @@ from grpc_reflection.v1alpha import reflection
 from . import __version__
 from ._proto.inference import grpc_service_pb2 as pb
 from ._proto.inference import grpc_service_pb2_grpc as pb_grpc
+from ._proto.trtserve.v1 import control_pb2, control_pb2_grpc
+from .control import ModelControlService
 from .errors import (
     BackendError,
     InvalidRequest,
@@ -73,6 +75,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 DEFAULT_STREAM_INFLIGHT = 256
 EXTENSIONS = ["model_configuration", "parameters", "schedule_policy", "statistics"]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+CONTROL_SERVICE_NAME = control_pb2.DESCRIPTOR.services_by_name["ModelControl"].full_name
 REFUSED = "the server is shutting down and accepts no new requests"
 GRACE_EXPIRED = "the server's shutdown grace period ran out before this request finished"
 _WAKE = pb.ModelStreamInferResponse()  # put in a stream's outbox to make it look at draining
@@ -300,11 +303,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     raise
                 message = _stream_error(request, ShuttingDown(GRACE_EXPIRED))
             finally:
-                slots.release()
                 if admitted:
                     self._release()
             unanswered -= 1
-            outbox.put_nowait(message)
+            outbox.put_nowait(message)  # its in-flight slot is released once it is written
 
         async def read() -> None:
             nonlocal unanswered
@@ -330,6 +332,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             while (message := await outbox.get()) is not None:
                 if message is not _WAKE:
                     yield message
+                    # Only now: a client that stops reading stops the server reading its
+                    # stream after stream_inflight answers (C08b), instead of answers piling up.
+                    slots.release()
                 if self.draining and unanswered == 0 and outbox.empty():
                     break  # drained: end the stream OK after its last answer
             else:
@@ -493,8 +498,11 @@ async def start_server(
         loading=loading,
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
+    control_pb2_grpc.add_ModelControlServicer_to_server(ModelControlService(repository, service._call), server)
     health_pb2_grpc.add_HealthServicer_to_server(service.health, server)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, CONTROL_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
     address = f"{host}:{port}"
     bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
     if bound == 0:

@@ -11,6 +11,7 @@ import pytest
 from fakes import FakeBackend, rows
 from trtserve.batching.config import BatchingPolicy, QueuePolicy, TimeoutAction
 from trtserve.batching.dispatcher import Dispatcher
+from trtserve.batching.policy import DEADLINE_MARGIN_S
 from trtserve.clock import FakeClock, settle
 from trtserve.errors import BackendError, QueueFull, RequestTimeout, ShuttingDown
 
@@ -97,18 +98,19 @@ async def test_full_batch_dispatches_before_the_queue_delay():
 
 
 async def test_deadline_sends_a_partial_batch_early():
-    # Queue delay 1 s, but a row due in 100 ms: with 10 ms predicted run time the batch must
-    # go by t+90 ms, not wait the full second.
+    # Queue delay 1 s, but a row due in 200 ms: with 10 ms predicted run time the batch must
+    # go by t + 200 − 10 ms − the safety margin, not wait the full second.
     clock, backend, d = make(BatchingPolicy(max_batch_size=8, max_queue_delay=1.0, adaptive=False))
     d.latency.observe(1, 0.010)
     d.latency.observe(8, 0.010)
     start = clock.now()
-    fut = d.submit(rows(1), deadline=start + 0.100)
-    await clock.advance(0.080)
+    fut = d.submit(rows(1), deadline=start + 0.200)
+    last_start = start + 0.200 - 0.010 - DEADLINE_MARGIN_S
+    await clock.advance(last_start - start - 0.005)
     assert backend.sizes() == []
-    await clock.advance(0.015)
+    await clock.advance(0.010)
     assert backend.sizes() == [1]
-    assert start + 0.080 < backend.batches[0][0] <= start + 0.090 + 1e-9
+    assert backend.batches[0][0] == pytest.approx(last_start, abs=1e-9)
     await clock.advance(0.010)
     assert fut.result()[0]["y"][0, 0] == 2.0
 

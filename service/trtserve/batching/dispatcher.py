@@ -232,11 +232,12 @@ class Dispatcher:
         length = max(p.entry.length for p in pieces)
         real = sum(p.rows * p.entry.length for p in pieces)
         start = self.clock.now()
+        self.stats.record_started(start - p.entry.arrival for p in pieces if p.seg == 0 and p.start == 0)
         try:
             outputs = await self.backend.run(slot, batch)
             elapsed = self.clock.now() - start
             self.latency.observe(batch.rows, elapsed, length)
-            self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length, real=real)
+            self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length, real=real, requests=len(pieces))
             self._refresh_cap(length)
             self._deliver(pieces, batch, outputs)
         except TrtServeError as exc:

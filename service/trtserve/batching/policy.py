@@ -37,6 +37,10 @@ from .queue import QueueEntry
 # A row whose deadline is within this many predicted full-batch run times is "near its
 # deadline": length bucketing never passes it over.
 URGENT_RUNS = 2.0
+# A wait for more rows ends this long before the last moment the predicted run time allows,
+# so that a late wake-up of the event loop, the hand-off to the slot's thread and writing the
+# answer do not push the batch's members past their deadlines (C10).
+DEADLINE_MARGIN_S = 0.010
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
     target = _target_rows(rows, length, inputs, policy, latency)
     if target <= rows:
         return Decision(expired, batch, None)
-    wait_until = min(e.deadline for e, _ in batch) - latency.predict(target, length)
+    wait_until = min(e.deadline for e, _ in batch) - latency.predict(target, length) - DEADLINE_MARGIN_S
     if policy.adaptive:
         wait_until = min(wait_until, now + (target - rows) / inputs.arrival_rate)
     if policy.max_queue_delay > 0:

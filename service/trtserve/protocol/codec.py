@@ -33,8 +33,9 @@ from .datatypes import DATATYPES, Datatype
 Tensors = dict[str, np.ndarray]
 
 _LENGTH = struct.Struct("<I")
-# Cap on the elements of one tensor, so that a forged shape cannot make us allocate (or
-# overflow int64 computing) an absurd size; raw bytes are bounded by the gRPC receive limit.
+# Default cap on the elements one request may declare (over all its inputs), so that a forged
+# shape cannot make us allocate (or overflow int64 computing) an absurd size; the server passes
+# its own (``--max-request-elements``). Raw bytes are bounded by the gRPC receive limit.
 MAX_ELEMENTS = 1 << 40
 # Ranges of the integer types carried in the wider typed fields (int_contents is int32,
 # uint_contents uint32).
@@ -42,8 +43,11 @@ _RANGE = {name: (np.iinfo(DATATYPES[name].numpy).min, np.iinfo(DATATYPES[name].n
           for name in ("INT8", "INT16", "UINT8", "UINT16")}
 
 
-def decode_inputs(request: pb.ModelInferRequest, spec: ModelSpec) -> tuple[Tensors, int]:
+def decode_inputs(request: pb.ModelInferRequest, spec: ModelSpec, *, max_elements: int = MAX_ELEMENTS) -> tuple[Tensors, int]:
     """Decode and validate the input tensors of ``request`` for the model ``spec``.
+
+    ``max_elements`` caps the elements the request declares over all its inputs; shapes are
+    checked against it (and against the bytes actually sent) before anything is allocated.
 
     Returns:
         (tensors, rows): input name → array (batch on axis 0 for a batched model; BYTES as an
@@ -63,6 +67,7 @@ def decode_inputs(request: pb.ModelInferRequest, spec: ModelSpec) -> tuple[Tenso
         )
     tensors: Tensors = {}
     rows = 0
+    declared = 0
     for i, tensor in enumerate(request.inputs):
         expected = spec.input(tensor.name)
         if expected is None:
@@ -73,6 +78,12 @@ def decode_inputs(request: pb.ModelInferRequest, spec: ModelSpec) -> tuple[Tenso
         if tensor.name in tensors:
             raise InvalidRequest(f"input '{tensor.name}' is given more than once")
         shape = _check_shape(tensor.name, list(tensor.shape), expected, spec)
+        declared += math.prod(shape)
+        if declared > max_elements:
+            raise InvalidRequest(
+                f"input '{tensor.name}' has shape {shape}: the request declares {declared} elements, "
+                f"more than the server's limit of {max_elements} per request"
+            )
         _check_datatype(tensor.name, tensor.datatype, expected.datatype)
         if raw:
             arr = decode_raw(tensor.name, raw[i], expected.datatype, shape)
@@ -177,6 +188,11 @@ def decode_raw(name: str, data: bytes, datatype: Datatype, shape: Sequence[int])
 
 
 def _decode_bytes(name: str, data: bytes, count: int) -> np.ndarray:
+    if count > len(data) // _LENGTH.size:  # each element needs its 4-byte length at least
+        raise InvalidRequest(
+            f"input '{name}' (BYTES) declares {count} elements but its {len(data)} bytes hold at most "
+            f"{len(data) // _LENGTH.size}"
+        )
     out = np.empty(count, dtype=object)
     view = memoryview(data)
     pos = 0

@@ -1,0 +1,275 @@
+"""Prometheus metrics and the numbers behind ModelStatistics.
+
+Two sources, read only when asked (a scrape, a ModelStatistics call), so the request path
+pays for one :meth:`RequestStats.record` per request and nothing else:
+
+* :class:`RequestStats`: the outcome and duration of every request, recorded once by the gRPC
+  layer when the answer is ready (per model and status code), plus deadlines finished late,
+  queue-full rejections and the time of the last success.
+* each model's :class:`~trtserve.batching.stats.DispatchStats`: batches, rows, queue and
+  compute time, padding, expired requests, updated by its dispatcher.
+
+:class:`TrtServeCollector` turns both into Prometheus families at scrape time, on the HTTP
+server's thread, without locks (see the note in ``batching/stats.py``). Each server has its
+own :class:`~prometheus_client.CollectorRegistry`, so one process can run several servers.
+
+==========================================  =========  ======================================
+series                                      type       labels
+==========================================  =========  ======================================
+trtserve_requests_total                     counter    model, code (gRPC status name)
+trtserve_request_duration_seconds           histogram  model, code
+trtserve_queue_duration_seconds             histogram  model
+trtserve_compute_duration_seconds           histogram  model (one observation per batch)
+trtserve_batch_size_rows                    histogram  model
+trtserve_queue_depth                        gauge      model (requests queued)
+trtserve_queue_rows                         gauge      model (rows queued)
+trtserve_slots / trtserve_slots_busy        gauge      model
+trtserve_slot_busy_seconds_total            counter    model
+trtserve_slot_busy_ratio                    gauge      model (since the previous scrape)
+trtserve_deadline_exceeded_total            counter    model, when = before_run | finished_late
+trtserve_rejected_total                     counter    model, reason = queue_full
+trtserve_padding_ratio                      gauge      model
+trtserve_padding_elements_total             counter    model
+trtserve_batch_elements_total               counter    model
+trtserve_model_ready                        gauge      model
+trtserve_inflight_requests                  gauge      (none)
+==========================================  =========  ======================================
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from .batching.stats import DURATION_BUCKETS, DispatchStats, Histogram
+from .clock import Clock, wall_time_ns
+
+if TYPE_CHECKING:
+    from .repository import Repository
+
+UNKNOWN_MODEL = "_unknown"
+"""The ``model`` label of requests naming no model of the repository (keeps label values bounded)."""
+
+BATCH_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass
+class ModelRequests:
+    """One model's requests as the gRPC layer answered them.
+
+    Attributes:
+        by_code: gRPC status name → durations (seconds, from decode to encoded response).
+        finished_late: requests answered OK after their deadline had passed.
+        queue_full: requests refused because the model's queue was full.
+        last_success: clock time of the last successful answer (``None`` before one).
+    """
+
+    by_code: dict[str, Histogram] = field(default_factory=dict)
+    finished_late: int = 0
+    queue_full: int = 0
+    last_success: float | None = None
+
+    def totals(self) -> tuple[tuple[int, float], tuple[int, float]]:
+        """((success count, seconds), (failure count, seconds))."""
+        ok_n, ok_s, fail_n, fail_s = 0, 0.0, 0, 0.0
+        for code, hist in list(self.by_code.items()):
+            counts, seconds = hist.snapshot()
+            if code == "OK":
+                ok_n, ok_s = ok_n + sum(counts), ok_s + seconds
+            else:
+                fail_n, fail_s = fail_n + sum(counts), fail_s + seconds
+        return (ok_n, ok_s), (fail_n, fail_s)
+
+
+class RequestStats:
+    """Outcome and duration of every request, per model. Updated only on the event loop.
+
+    Args:
+        clock: the clock request durations are measured on (for ``last_inference``).
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.models: dict[str, ModelRequests] = {}
+
+    def _entry(self, model: str) -> ModelRequests:
+        entry = self.models.get(model)
+        if entry is None:
+            entry = self.models[model] = ModelRequests()
+        return entry
+
+    def record(self, model: str, code: str, seconds: float, *, queue_full: bool = False) -> None:
+        """Count one answered request of ``model`` with status ``code`` that took ``seconds``."""
+        entry = self._entry(model)
+        hist = entry.by_code.get(code)
+        if hist is None:
+            hist = entry.by_code[code] = Histogram(DURATION_BUCKETS)
+        hist.observe(seconds)
+        if code == "OK":
+            entry.last_success = self.clock.now()
+        elif queue_full:
+            entry.queue_full += 1
+
+    def finished_late(self, model: str) -> None:
+        """Count a request of ``model`` whose outputs were ready only after its deadline."""
+        self._entry(model).finished_late += 1
+
+    def last_inference_ms(self, model: str) -> int:
+        """Milliseconds since the Unix epoch of the model's last success (0 if none)."""
+        entry = self.models.get(model)
+        if entry is None or entry.last_success is None:
+            return 0
+        ago = self.clock.now() - entry.last_success
+        return int(wall_time_ns() // 1_000_000 - ago * 1000)
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], counts: list[int], total: float, bounds: tuple[float, ...]) -> None:
+    cumulative, buckets = 0, []
+    for bound, n in zip((*bounds, math.inf), counts):
+        cumulative += n
+        buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
+    family.add_metric(labels, buckets, sum_value=total)
+
+
+class TrtServeCollector:
+    """Builds every ``trtserve_*`` family from the repository's dispatch stats and the
+    request stats, at scrape time.
+
+    Args:
+        repository: the served models.
+        requests: per-request outcomes from the gRPC layer.
+        inflight: returns the requests being processed now.
+        clock: for the busy ratio's window.
+    """
+
+    def __init__(self, repository: Repository, requests: RequestStats, inflight: Callable[[], int], clock: Clock) -> None:
+        self.repository = repository
+        self.requests = requests
+        self.inflight = inflight
+        self.clock = clock
+        self._last_busy: dict[str, tuple[float, float]] = {}  # model → (time, busy seconds) at the last scrape
+        self._lock = threading.Lock()  # two scrapes at once share _last_busy
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            yield from self._requests()
+            yield from self._models()
+        yield GaugeMetricFamily("trtserve_inflight_requests", "Requests being processed now (unary and stream messages).", value=self.inflight())
+
+    def _requests(self) -> Iterator[Metric]:
+        count = CounterMetricFamily("trtserve_requests", "Requests answered, by model and gRPC status code.", labels=["model", "code"])
+        duration = HistogramMetricFamily(
+            "trtserve_request_duration_seconds", "Time from decoding a request to its encoded answer.", labels=["model", "code"]
+        )
+        deadline = CounterMetricFamily(
+            "trtserve_deadline_exceeded",
+            "Requests past their deadline: answered DEADLINE_EXCEEDED before running (before_run) or answered after the deadline (finished_late).",
+            labels=["model", "when"],
+        )
+        rejected = CounterMetricFamily("trtserve_rejected", "Requests refused before queueing, by reason.", labels=["model", "reason"])
+        late: dict[str, int] = {}
+        for model, entry in sorted(list(self.requests.models.items())):
+            for code, hist in sorted(list(entry.by_code.items())):
+                counts, total = hist.snapshot()
+                count.add_metric([model, code], sum(counts))
+                _histogram(duration, [model, code], counts, total, hist.bounds)
+            late[model] = entry.finished_late
+            if model != UNKNOWN_MODEL:
+                rejected.add_metric([model, "queue_full"], entry.queue_full)
+        for name, stats in self._stats():
+            deadline.add_metric([name, "before_run"], stats.expired_before_run)
+            # finished_late: the dispatcher answered DEADLINE_EXCEEDED while the batch ran, or
+            # the answer was ready (OK) only after the deadline.
+            deadline.add_metric([name, "finished_late"], stats.finished_late + late.get(name, 0))
+        yield from (count, duration, deadline, rejected)
+
+    def _stats(self) -> list[tuple[str, DispatchStats]]:
+        out = []
+        for name, entry in sorted(list(self.repository.models.items())):
+            served = entry.served
+            if served is not None:
+                out.append((name, served.dispatcher.stats))
+        return out
+
+    def _models(self) -> Iterator[Metric]:
+        queue_time = HistogramMetricFamily("trtserve_queue_duration_seconds", "Time from queueing a request to its first rows running.", labels=["model"])
+        compute = HistogramMetricFamily("trtserve_compute_duration_seconds", "Engine run time of one batch.", labels=["model"])
+        batch = HistogramMetricFamily("trtserve_batch_size_rows", "Rows per engine run.", labels=["model"])
+        depth = GaugeMetricFamily("trtserve_queue_depth", "Requests waiting in the model's queue.", labels=["model"])
+        queued_rows = GaugeMetricFamily("trtserve_queue_rows", "Rows waiting in the model's queue.", labels=["model"])
+        slots = GaugeMetricFamily("trtserve_slots", "Execution slots (instance_group count).", labels=["model"])
+        busy_now = GaugeMetricFamily("trtserve_slots_busy", "Execution slots running a batch now.", labels=["model"])
+        busy_total = CounterMetricFamily("trtserve_slot_busy_seconds", "Engine run time summed over every slot.", labels=["model"])
+        busy_ratio = GaugeMetricFamily(
+            "trtserve_slot_busy_ratio",
+            "Share of slot time spent running batches since the previous scrape "
+            "(rate(trtserve_slot_busy_seconds_total[w]) / trtserve_slots for a fixed window).",
+            labels=["model"],
+        )
+        padding = GaugeMetricFamily("trtserve_padding_ratio", "Share of the elements run that were padding, since load.", labels=["model"])
+        pad_elems = CounterMetricFamily("trtserve_padding_elements", "Input elements run that were padding.", labels=["model"])
+        all_elems = CounterMetricFamily("trtserve_batch_elements", "Input elements run, padding included.", labels=["model"])
+        ready = GaugeMetricFamily("trtserve_model_ready", "1 when the model serves, else 0.", labels=["model"])
+        now = self.clock.now()
+        for name, entry in sorted(list(self.repository.models.items())):
+            ready.add_metric([name], 1.0 if entry.state.value == "READY" else 0.0)
+        for name, stats in self._stats():
+            served = self.repository.models[name].served
+            dispatcher = served.dispatcher if served is not None else None
+            labels = [name]
+            counts, total = stats.queue.snapshot()
+            _histogram(queue_time, labels, counts, total, stats.queue.bounds)
+            counts, total = stats.compute.snapshot()
+            _histogram(compute, labels, counts, total, stats.compute.bounds)
+            sizes = dict(stats.batch_sizes)
+            per_bucket = [0] * (len(BATCH_ROW_BUCKETS) + 1)
+            for size, runs in sizes.items():
+                index = next((i for i, b in enumerate(BATCH_ROW_BUCKETS) if size <= b), len(BATCH_ROW_BUCKETS))
+                per_bucket[index] += runs
+            _histogram(batch, labels, per_bucket, float(sum(size * runs for size, runs in sizes.items())), BATCH_ROW_BUCKETS)
+            n_slots = dispatcher.backend.slots if dispatcher is not None else 0
+            if dispatcher is not None:
+                depth.add_metric(labels, len(dispatcher.queue.entries))
+                queued_rows.add_metric(labels, getattr(dispatcher.queue, "queued_rows", 0))
+                slots.add_metric(labels, n_slots)
+                busy_now.add_metric(labels, n_slots - dispatcher.idle_slots)
+            busy = stats.compute_seconds
+            busy_total.add_metric(labels, busy)
+            then, busy_then = self._last_busy.get(name, (None, 0.0))
+            if then is not None and now > then and n_slots:
+                busy_ratio.add_metric(labels, min(1.0, max(0.0, (busy - busy_then) / (n_slots * (now - then)))))
+            self._last_busy[name] = (now, busy)
+            padding.add_metric(labels, stats.padding_ratio)
+            pad_elems.add_metric(labels, stats.padded_elements - stats.real_elements)
+            all_elems.add_metric(labels, stats.padded_elements)
+        yield from (queue_time, compute, batch, depth, queued_rows, slots, busy_now, busy_total, busy_ratio, padding, pad_elems, all_elems, ready)
+
+
+class MetricsServer:
+    """The ``/metrics`` HTTP endpoint of one server, on its own registry and thread.
+
+    Args:
+        collector: what to expose.
+        host, port: where to listen (port 0: an ephemeral port, see :attr:`port`).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+
+    def __init__(self, collector: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self._httpd, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self.host = host
+        self.port: int = self._httpd.server_port
+
+    def close(self) -> None:
+        """Stop listening (a scrape in progress finishes)."""
+        self._httpd.shutdown()
+        self._httpd.server_close()

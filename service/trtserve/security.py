@@ -1,0 +1,124 @@
+"""Transport security and caller authentication for the gRPC server (part of the gRPC layer).
+
+* :class:`TlsConfig`: server certificate and key (TLS), plus a client CA that makes the server
+  demand and verify client certificates (mutual TLS).
+* :class:`BearerTokenInterceptor`: a ``grpc.aio`` server interceptor that answers
+  UNAUTHENTICATED unless the call carries ``authorization: Bearer <token>``. Health checking
+  and reflection stay open unless asked otherwise, so that load balancers and ``grpcurl list``
+  work without the secret.
+
+The CLI reads files and environment variables; nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+# Methods under these prefixes stay open unless ``protect_health`` is set.
+OPEN_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """PEM material for a TLS listener.
+
+    Attributes:
+        cert: the server's certificate chain (PEM).
+        key: the server's private key (PEM).
+        client_ca: CA certificates (PEM) that client certificates must chain to; when set the
+            server requires a client certificate (mutual TLS) and refuses the handshake without one.
+    """
+
+    cert: bytes
+    key: bytes
+    client_ca: bytes | None = None
+
+    @classmethod
+    def from_files(cls, cert: Path, key: Path, client_ca: Path | None = None) -> TlsConfig:
+        """Read the PEM files.
+
+        Raises:
+            ValueError: a file cannot be read (the message names it).
+        """
+
+        def read(path: Path) -> bytes:
+            try:
+                return Path(path).read_bytes()
+            except OSError as exc:
+                raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+        return cls(read(cert), read(key), read(client_ca) if client_ca else None)
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)], root_certificates=self.client_ca, require_client_auth=self.client_ca is not None
+        )
+
+
+def _denied(kind: str) -> Callable[..., Any]:
+    message = "missing or invalid bearer token (send metadata 'authorization: Bearer <token>')"
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover - makes this an async generator, as a streaming handler is
+
+    return unary if kind == "unary" else streaming
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuse calls without ``authorization: Bearer <token>`` (constant-time comparison).
+
+    Args:
+        token: the shared secret (non-empty).
+        protect_health: also require it for health checking and reflection.
+
+    Raises:
+        ValueError: an empty token.
+    """
+
+    def __init__(self, token: str, *, protect_health: bool = False) -> None:
+        if not token:
+            raise ValueError("the auth token is empty")
+        self._expected = f"Bearer {token}".encode()
+        self.protect_health = protect_health
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = details.method or ""
+        if not self.protect_health and method.startswith(OPEN_PREFIXES):
+            return await continuation(details)
+        sent = next((v for k, v in (details.invocation_metadata or ()) if k == "authorization"), None)
+        if isinstance(sent, str) and hmac.compare_digest(sent.encode(), self._expected):
+            return await continuation(details)
+        handler = await continuation(details)
+        if handler is None:  # unknown method: let gRPC answer UNIMPLEMENTED
+            return handler
+        return _refusing(handler)
+
+
+def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that answers UNAUTHENTICATED."""
+    des, ser = handler.request_deserializer, handler.response_serializer
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(_denied("unary"), des, ser)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(_denied("stream"), des, ser)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(_denied("unary"), des, ser)
+    return grpc.stream_stream_rpc_method_handler(_denied("stream"), des, ser)
