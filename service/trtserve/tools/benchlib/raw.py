@@ -12,13 +12,14 @@ import time
 
 import onnxruntime as ort
 
-from ...runtimes.onnxruntime import ORT_TYPES
-from ...spec import TensorSpec
+from ...runtimes.base import Tensors
+from ...runtimes.onnxruntime import engine_tensors
 from .report import RawReference, RawSize
 from .workload import Workload
 
 WARMUP_RUNS = 2
-MIN_RUNS = 5
+MIN_RUNS = 6
+ROUNDS = 3
 FEEDS_PER_SIZE = 64
 
 
@@ -29,29 +30,35 @@ def batch_sizes(max_batch_size: int) -> list[int]:
 
 
 def measure_raw(workload: Workload, seconds_per_size: float) -> RawReference:
-    """Time ``session.run`` alone (inputs prebuilt) for about ``seconds_per_size`` seconds
-    (at least :data:`MIN_RUNS` runs) at each batch size, cycling over different rows."""
+    """Time ``session.run`` alone (inputs prebuilt, cycling over different rows) for about
+    ``seconds_per_size`` seconds of wall time (at least :data:`MIN_RUNS` runs) at each batch
+    size; rows/s is rows over the summed run times.
+
+    The time of each size is spread over :data:`ROUNDS` rounds through all sizes, so that
+    a stretch of load from elsewhere on the machine weighs on every size alike.
+    """
     options = ort.SessionOptions()
     options.intra_op_num_threads = 0
     options.inter_op_num_threads = 0
     session = ort.InferenceSession(str(workload.onnx_path), options, providers=["CPUExecutionProvider"])
-    engine_inputs = [TensorSpec(a.name, ORT_TYPES[a.type], ()) for a in session.get_inputs()]
+    engine_inputs, _ = engine_tensors(session, True, workload.onnx_path)
     output_names = [o.name for o in session.get_outputs()]
-    sizes = []
+    feeds: dict[int, list[Tensors]] = {}
     for batch in batch_sizes(workload.spec.policy.max_batch_size):
-        feeds = workload.engine_batches(batch, engine_inputs, FEEDS_PER_SIZE)
-        if not feeds:
+        feeds[batch] = workload.engine_batches(batch, engine_inputs, FEEDS_PER_SIZE)
+        if not feeds[batch]:
             raise ValueError(f"{workload.spec.name}: {len(workload.segments)} rows cannot fill a batch of {batch}")
         for i in range(WARMUP_RUNS):
-            session.run(output_names, feeds[i % len(feeds)])
-        latencies: list[float] = []
-        spent = 0.0
-        while spent < seconds_per_size or len(latencies) < MIN_RUNS:
-            feed = feeds[len(latencies) % len(feeds)]
-            start = time.perf_counter()
-            session.run(output_names, feed)
-            elapsed = time.perf_counter() - start
-            latencies.append(elapsed * 1e6)
-            spent += elapsed
-        sizes.append(RawSize(batch, tuple(latencies)))
-    return RawReference(workload.spec.name, tuple(sizes))
+            session.run(output_names, feeds[batch][i % len(feeds[batch])])
+    latencies: dict[int, list[float]] = {batch: [] for batch in feeds}
+    for _ in range(ROUNDS):
+        for batch, batch_feeds in feeds.items():
+            runs = latencies[batch]
+            round_end = time.perf_counter() + seconds_per_size / ROUNDS
+            least = len(runs) + MIN_RUNS // ROUNDS
+            while time.perf_counter() < round_end or len(runs) < least:
+                feed = batch_feeds[len(runs) % len(batch_feeds)]
+                start = time.perf_counter()
+                session.run(output_names, feed)
+                runs.append((time.perf_counter() - start) * 1e6)
+    return RawReference(workload.spec.name, tuple(RawSize(batch, tuple(runs)) for batch, runs in latencies.items()))

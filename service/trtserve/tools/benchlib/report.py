@@ -166,13 +166,55 @@ class RawReference:
         }
 
 
-def summarize(m: Measurement, raw_best_rows_per_s: float) -> dict[str, object]:
-    """One table row (JSON-ready) of a sweep point.
+@dataclass(frozen=True)
+class Point:
+    """One sweep point's summary: a table row and a JSON record.
 
-    ``rows_per_s`` counts only rows answered OK; percentiles are over OK answers; a deadline
-    miss is an answer DEADLINE_EXCEEDED or an OK answer later than the deadline; CPU per
-    request divides the CPU seconds between the snapshots by the requests of the window.
+    Attributes:
+        model, mode, load, fraction, window_s: as in :class:`Measurement`.
+        deadline_ms: each request's deadline in milliseconds, or None.
+        requests: requests in the window; ok: of them answered OK.
+        rows_per_s, requests_per_s: OK rows and OK requests per second of window.
+        p50_ms, p90_ms, p99_ms: latency percentiles of the OK answers (None without any).
+        errors: gRPC status name → answers with it, OK left out.
+        deadline_misses: answers DEADLINE_EXCEEDED plus OK answers after their deadline.
+        late_answers: the OK answers after their deadline.
+        mean_batch: rows per engine run in the window (None without a run).
+        batch_hist: batch size → engine runs in the window.
+        ratio: rows_per_s ÷ the raw engine's best rows/s.
+        server_cpu_us_per_request, client_cpu_us_per_request: CPU microseconds per request
+            of the server and of the bench process.
+        send_lag_p99_ms: open loop: p99 of how late the generator sent a request after its
+            scheduled arrival (ms); None for the closed loop.
     """
+
+    model: str
+    mode: str
+    load: float
+    fraction: float | None
+    deadline_ms: float | None
+    window_s: float
+    requests: int
+    ok: int
+    rows_per_s: float
+    requests_per_s: float
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    errors: dict[str, int]
+    deadline_misses: int
+    late_answers: int
+    mean_batch: float | None
+    batch_hist: dict[int, int]
+    ratio: float | None
+    server_cpu_us_per_request: float | None
+    client_cpu_us_per_request: float | None
+    send_lag_p99_ms: float | None
+
+
+def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
+    """Summarize a measured point; CPU per request divides the CPU seconds between the
+    snapshots by the requests of the window."""
     codes = np.asarray(m.codes, dtype=object)
     ok = codes == "OK"
     n_ok = int(ok.sum())
@@ -186,28 +228,30 @@ def summarize(m: Measurement, raw_best_rows_per_s: float) -> dict[str, object]:
     def per_request_us(seconds: float) -> float | None:
         return seconds * 1e6 / requests if requests else None
 
-    return {
-        "model": m.model,
-        "mode": m.mode,
-        "load": m.load,
-        "fraction": m.fraction,
-        "deadline_ms": m.deadline_us / 1000.0 if m.deadline_us is not None else None,
-        "window_s": m.window_s,
-        "requests": requests,
-        "ok": n_ok,
-        "rows_per_s": rows_per_s,
-        "requests_per_s": n_ok / m.window_s if m.window_s > 0 else 0.0,
-        **{f"p{q}_ms": v for q, v in pct.items()},
-        "errors": errors,
-        "deadline_misses": errors.get("DEADLINE_EXCEEDED", 0) + m.late,
-        "late_answers": m.late,
-        "mean_batch": rows_run / executions if executions > 0 else None,
-        "batch_hist": batch_delta(m.before, m.after),
-        "ratio": ratio(rows_per_s, raw_best_rows_per_s),
-        "server_cpu_us_per_request": per_request_us(m.after.server_cpu_s - m.before.server_cpu_s),
-        "client_cpu_us_per_request": per_request_us(m.after.client_cpu_s - m.before.client_cpu_s),
-        "send_lag_p99_ms": percentiles_ms(m.send_lag_us, (99,))[99],
-    }
+    return Point(
+        model=m.model,
+        mode=m.mode,
+        load=m.load,
+        fraction=m.fraction,
+        deadline_ms=m.deadline_us / 1000.0 if m.deadline_us is not None else None,
+        window_s=m.window_s,
+        requests=requests,
+        ok=n_ok,
+        rows_per_s=rows_per_s,
+        requests_per_s=n_ok / m.window_s if m.window_s > 0 else 0.0,
+        p50_ms=pct[50],
+        p90_ms=pct[90],
+        p99_ms=pct[99],
+        errors=errors,
+        deadline_misses=errors.get("DEADLINE_EXCEEDED", 0) + m.late,
+        late_answers=m.late,
+        mean_batch=rows_run / executions if executions > 0 else None,
+        batch_hist=batch_delta(m.before, m.after),
+        ratio=ratio(rows_per_s, raw_best_rows_per_s),
+        server_cpu_us_per_request=per_request_us(m.after.server_cpu_s - m.before.server_cpu_s),
+        client_cpu_us_per_request=per_request_us(m.after.client_cpu_s - m.before.client_cpu_s),
+        send_lag_p99_ms=percentiles_ms(m.send_lag_us, (99,))[99],
+    )
 
 
 @dataclass(frozen=True)
@@ -229,35 +273,35 @@ class Target:
         return f"{self.verdict:<4}  {self.name}: {self.detail}"
 
 
-def _pick(points: Sequence[Mapping[str, object]], model: str, mode: str, load: float | None = None, fraction: float | None = None) -> Mapping[str, object] | None:
+def _pick(points: Sequence[Point], model: str, mode: str, load: float | None = None, fraction: float | None = None) -> Point | None:
     for p in points:
-        if p["model"] != model or p["mode"] != mode:
+        if p.model != model or p.mode != mode:
             continue
-        if load is not None and p["load"] != load:
+        if load is not None and p.load != load:
             continue
-        if fraction is not None and (p["fraction"] is None or abs(float(p["fraction"]) - fraction) > 1e-9):
+        if fraction is not None and (p.fraction is None or abs(p.fraction - fraction) > 1e-9):
             continue
         return p
     return None
 
 
-def _fmt(v: object, spec: str = ".1f") -> str:
+def _fmt(v: float | None, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def check_targets(points: Sequence[Mapping[str, object]], raws: Mapping[str, RawReference]) -> list[Target]:
-    """The issue's targets, from the point summaries (:func:`summarize`) and raw references."""
+def check_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) -> list[Target]:
+    """The issue's targets, from the point summaries and the raw references."""
     targets: list[Target] = []
     name = f"{SATURATION_MODEL} saturation: served rows/s >= {SATURATION_RATIO:.2f} x raw best-batch rows/s"
-    closed = [p for p in points if p["model"] == SATURATION_MODEL and str(p["mode"]).startswith("closed")]
+    closed = [p for p in points if p.model == SATURATION_MODEL and p.mode.startswith("closed")]
     raw = raws.get(SATURATION_MODEL)
     if closed and raw is not None:
-        top = max(closed, key=lambda p: float(p["rows_per_s"]))  # type: ignore[arg-type]
-        r = ratio(float(top["rows_per_s"]), raw.best.rows_per_s)  # type: ignore[arg-type]
+        top = max(closed, key=lambda p: p.rows_per_s)
+        r = ratio(top.rows_per_s, raw.best.rows_per_s)
         verdict = "PASS" if r is not None and r >= SATURATION_RATIO else "MISS"
         stretch = "stretch met" if r is not None and r >= SATURATION_STRETCH else f"stretch {SATURATION_STRETCH:.2f} not met"
         targets.append(Target(name, verdict, (
-            f"{float(top['rows_per_s']):.1f} rows/s ({top['mode']} c={top['load']:g}) / "  # type: ignore[arg-type]
+            f"{top.rows_per_s:.1f} rows/s ({top.mode} c={top.load:g}) / "
             f"{raw.best.rows_per_s:.1f} rows/s (raw batch {raw.best.batch}) = {_fmt(r, '.3f')}; {stretch}"
         )))
     else:
@@ -265,10 +309,10 @@ def check_targets(points: Sequence[Mapping[str, object]], raws: Mapping[str, Raw
 
     name = f"{SATURATION_MODEL} one sequential caller: p50 <= raw batch-of-one + {SEQUENTIAL_SLACK_MS:g} ms"
     p = _pick(points, SATURATION_MODEL, "closed-unary", load=1)
-    if p is not None and raw is not None and p["p50_ms"] is not None:
+    if p is not None and raw is not None and p.p50_ms is not None:
         limit = raw.batch1_ms + SEQUENTIAL_SLACK_MS
-        verdict = "PASS" if float(p["p50_ms"]) <= limit else "MISS"  # type: ignore[arg-type]
-        targets.append(Target(name, verdict, f"p50 {float(p['p50_ms']):.2f} ms vs raw {raw.batch1_ms:.2f} ms + {SEQUENTIAL_SLACK_MS:g} = {limit:.2f} ms"))  # type: ignore[arg-type]
+        verdict = "PASS" if p.p50_ms <= limit else "MISS"
+        targets.append(Target(name, verdict, f"p50 {p.p50_ms:.2f} ms vs raw {raw.batch1_ms:.2f} ms + {SEQUENTIAL_SLACK_MS:g} = {limit:.2f} ms"))
     else:
         targets.append(Target(name, "SKIP", "needs closed-unary at concurrency 1"))
 
@@ -279,22 +323,22 @@ def check_targets(points: Sequence[Mapping[str, object]], raws: Mapping[str, Raw
             targets.append(Target(name, "SKIP", f"needs {mode} at concurrency {OVERHEAD_CONCURRENCY}"))
             continue
         targets.append(Target(name, "INFO", (
-            f"{float(p['requests_per_s']):.0f} req/s, server CPU {_fmt(p['server_cpu_us_per_request'], '.0f')} us/request, "
-            f"bench client CPU {_fmt(p['client_cpu_us_per_request'], '.0f')} us/request"
+            f"{p.requests_per_s:.0f} req/s, server CPU {_fmt(p.server_cpu_us_per_request, '.0f')} us/request, "
+            f"bench client CPU {_fmt(p.client_cpu_us_per_request, '.0f')} us/request"
         )))
 
-    opened = sorted({(str(p["model"]), str(p["mode"])) for p in points if str(p["mode"]).startswith("open")})
+    opened = sorted({(p.model, p.mode) for p in points if p.mode.startswith("open")})
     for model, mode in opened:
         name = f"{model} {mode} at {OPEN_FRACTION:.0%} capacity, 4x batch-of-one deadline: misses <= {MAX_MISS_FRACTION:.0%}"
         p = _pick(points, model, mode, fraction=OPEN_FRACTION)
-        if p is None or not p["requests"]:
+        if p is None or not p.requests:
             targets.append(Target(name, "SKIP", f"needs the {OPEN_FRACTION:g} rate point"))
             continue
-        share = int(p["deadline_misses"]) / int(p["requests"])  # type: ignore[arg-type]
+        share = p.deadline_misses / p.requests
         verdict = "PASS" if share <= MAX_MISS_FRACTION else "MISS"
         targets.append(Target(name, verdict, (
-            f"{p['deadline_misses']} of {p['requests']} ({share:.1%}) missed the {_fmt(p['deadline_ms'], '.2f')} ms deadline "
-            f"({p['late_answers']} answered late) at {float(p['load']):.0f} req/s"  # type: ignore[arg-type]
+            f"{p.deadline_misses} of {p.requests} ({share:.1%}) missed the {_fmt(p.deadline_ms, '.2f')} ms deadline "
+            f"({p.late_answers} answered late) at {p.load:.0f} req/s"
         )))
     return targets
 
@@ -305,42 +349,45 @@ COLUMNS = (
 )
 
 
-def _load_label(p: Mapping[str, object]) -> str:
-    if p["fraction"] is None:
-        return f"c={float(p['load']):g}"  # type: ignore[arg-type]
-    return f"{float(p['load']):.0f}/s ({float(p['fraction']):.0%})"  # type: ignore[arg-type]
+def load_label(p: Point) -> str:
+    """``c=16`` (closed loop) or ``160/s (80%)`` (open loop)."""
+    if p.fraction is None:
+        return f"c={p.load:g}"
+    return f"{p.load:.0f}/s ({p.fraction:.0%})"
 
 
-def format_row(p: Mapping[str, object]) -> str:
+def format_header() -> str:
+    """The column names of :func:`format_row`."""
+    return "  ".join(name.rjust(w) if i else name.ljust(w) for i, (name, w) in enumerate(COLUMNS))
+
+
+def format_row(p: Point) -> str:
     """One point as a table line (see :data:`COLUMNS`)."""
-    errors = ", ".join(f"{code} {n}" for code, n in p["errors"].items()) or "-"  # type: ignore[attr-defined]
+    errors = ", ".join(f"{code} {n}" for code, n in p.errors.items()) or "-"
     cells = (
-        _load_label(p), _fmt(p["rows_per_s"]), _fmt(p["p50_ms"], ".2f"), _fmt(p["p90_ms"], ".2f"),
-        _fmt(p["p99_ms"], ".2f"), errors, str(p["deadline_misses"]), _fmt(p["mean_batch"], ".2f"),
-        _fmt(p["ratio"], ".2f"), _fmt(p["server_cpu_us_per_request"], ".0f"), _fmt(p["client_cpu_us_per_request"], ".0f"),
+        load_label(p), _fmt(p.rows_per_s), _fmt(p.p50_ms, ".2f"), _fmt(p.p90_ms, ".2f"), _fmt(p.p99_ms, ".2f"),
+        errors, str(p.deadline_misses), _fmt(p.mean_batch, ".2f"), _fmt(p.ratio, ".2f"),
+        _fmt(p.server_cpu_us_per_request, ".0f"), _fmt(p.client_cpu_us_per_request, ".0f"),
     )
     return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, (_, w)) in enumerate(zip(cells, COLUMNS)))
 
 
-def format_tables(points: Sequence[Mapping[str, object]], raws: Mapping[str, RawReference]) -> str:
-    """Every model's raw reference line and one table per mode, as terminal text."""
-    header = "  ".join(name.rjust(w) if i else name.ljust(w) for i, (name, w) in enumerate(COLUMNS))
+def format_tables(points: Sequence[Point], raws: Mapping[str, RawReference]) -> str:
+    """Every model's raw reference and one table per mode, as terminal text."""
     out: list[str] = []
-    for model in dict.fromkeys(str(p["model"]) for p in points) or raws:
+    for model in dict.fromkeys([*raws, *(p.model for p in points)]):
         raw = raws.get(model)
         if raw is not None:
-            sizes = "  ".join(f"b{s.batch}: {s.rows_per_s:.0f}/s {s.p50_ms:.2f} ms" for s in raw.sizes)
             out.append(f"{model}: raw ONNX Runtime best {raw.best.rows_per_s:.1f} rows/s at batch {raw.best.batch}, "
                        f"batch-of-one {raw.batch1_ms:.3f} ms")
-            out.append(f"  {sizes}")
+            out.append("  " + "  ".join(f"b{s.batch}: {s.rows_per_s:.0f}/s {s.p50_ms:.2f} ms" for s in raw.sizes))
         for mode in MODES:
-            rows = [p for p in points if p["model"] == model and p["mode"] == mode]
+            rows = [p for p in points if p.model == model and p.mode == mode]
             if not rows:
                 continue
-            deadline = rows[0]["deadline_ms"]
-            suffix = f", deadline {deadline:.2f} ms" if deadline is not None else ""
-            out.append(f"\n{model} · {mode}{suffix}")
-            out.append(header)
+            deadline = f", deadline {rows[0].deadline_ms:.2f} ms" if rows[0].deadline_ms is not None else ""
+            out.append(f"\n{model} · {mode}{deadline}")
+            out.append(format_header())
             out.extend(format_row(p) for p in rows)
         out.append("")
     return "\n".join(out)
