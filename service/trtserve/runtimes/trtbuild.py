@@ -226,7 +226,7 @@ def convert_precision(src: Path, precision: str, dst: Path) -> str:
     import onnx
 
     try:
-        from modelopt.onnx.autocast import convert_to_mixed_precision  # type: ignore[import-not-found]
+        from modelopt.onnx.autocast import convert_to_mixed_precision
     except ImportError:
         convert_to_mixed_precision = None
     if convert_to_mixed_precision is not None:
@@ -234,7 +234,7 @@ def convert_precision(src: Path, precision: str, dst: Path) -> str:
         converter = "modelopt.autocast"
     elif precision == "fp16":
         try:
-            from onnxconverter_common import float16  # type: ignore[import-untyped]
+            from onnxconverter_common import float16
         except ImportError as exc:
             raise BuildError(
                 "--precision fp16 needs onnxconverter-common or nvidia-modelopt (pip install 'trtserve[tensorrt]')"
