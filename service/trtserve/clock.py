@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -21,6 +22,13 @@ class Clock(Protocol):
     async def sleep_until(self, when: float) -> None:
         """Return once ``now() >= when`` (at once if it already is). Cancellable."""
 
+    def call_at(self, when: float, callback: Callable[[], object]) -> Cancellable:
+        """Run ``callback`` on the event loop once ``now() >= when``; cancel() to drop it."""
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> object: ...
+
 
 class MonotonicClock:
     """The production clock: :func:`time.monotonic` and ``asyncio.sleep``."""
@@ -32,6 +40,9 @@ class MonotonicClock:
         delay = when - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Cancellable:
+        return asyncio.get_running_loop().call_later(max(when - time.monotonic(), 0.0), callback)
 
 
 def wall_time_ns() -> int:
@@ -66,11 +77,21 @@ class FakeClock:
         finally:
             self._sleepers = [(t, f) for t, f in self._sleepers if f is not fut]
 
+    def call_at(self, when: float, callback: Callable[[], object]) -> Cancellable:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: None if f.cancelled() else callback())
+        if when <= self._now:
+            fut.set_result(None)
+        else:
+            self._sleepers.append((when, fut))
+        return fut
+
     async def advance(self, seconds: float) -> None:
         """Move time forward by ``seconds`` and let every woken coroutine run."""
         if seconds < 0:
             raise ValueError(f"time can't go backwards (advance by {seconds})")
         target = self._now + seconds
+        self._sleepers = [(t, f) for t, f in self._sleepers if not f.done()]  # cancelled timers
         await settle()  # let whatever is ready now run at the current time first
         while True:
             due = sorted(((t, f) for t, f in self._sleepers if t <= target and not f.done()), key=lambda tf: tf[0])

@@ -117,7 +117,7 @@ class Dispatcher:
         level = self.policy.level(priority)
         future: asyncio.Future[list[Segment]] = asyncio.get_running_loop().create_future()
         entry = QueueEntry(segments, level, level, deadline, now, future)
-        if deadline < now + self.latency.predict(1, entry.length):
+        if deadline < now + self.latency.lower_bound(1, entry.length):
             self.stats.expired_before_run += 1
             raise RequestTimeout("the request's deadline passed before it could run")
         self.queue.push(entry, self.policy.queue_policy(level).max_queue_size)
@@ -200,13 +200,11 @@ class Dispatcher:
         if until is None:
             await self._wake.wait()
             return
-        waiter = asyncio.ensure_future(self._wake.wait())
-        sleeper = asyncio.ensure_future(self.clock.sleep_until(until))
+        timer = self.clock.call_at(until, self._wake.set)
         try:
-            await asyncio.wait((waiter, sleeper), return_when=asyncio.FIRST_COMPLETED)
+            await self._wake.wait()
         finally:
-            waiter.cancel()
-            sleeper.cancel()
+            timer.cancel()
 
     def _expire(self, entry: QueueEntry) -> None:
         if self.policy.queue_policy(entry.level).timeout_action is TimeoutAction.DELAY:

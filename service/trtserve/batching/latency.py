@@ -46,8 +46,9 @@ class LatencyModel:
         self._alpha = alpha
         self._clip = clip
         self._seed = seed
-        # length bucket -> row bucket -> [mean rows, mean seconds]
+        # length bucket -> row bucket -> [mean rows, mean seconds]; and the same points sorted
         self._tables: dict[int, dict[int, list[float]]] = {}
+        self._points: dict[int, list[list[float]]] = {}
         self._lengths: list[int] = []
 
     @property
@@ -66,9 +67,9 @@ class LatencyModel:
         point = table.get(bucket(rows))
         if point is None:
             table[bucket(rows)] = [float(rows), value]
-            self._tables[lb] = dict(sorted(table.items()))
+            self._points[lb] = [table[b] for b in sorted(table)]
             return
-        expected = _interpolate(table, rows)
+        expected = _interpolate(self._points[lb], rows)
         value = min(max(value, expected / self._clip), expected * self._clip)
         point[0] += self._alpha * (rows - point[0])
         point[1] += self._alpha * (value - point[1])
@@ -80,10 +81,26 @@ class LatencyModel:
         lb = bucket(length)
         i = bisect.bisect_left(self._lengths, lb)
         if i < len(self._lengths) and self._lengths[i] == lb:
-            return _interpolate(self._tables[lb], max(rows, 1))
+            return _interpolate(self._points[lb], max(rows, 1))
         # Nearest measured length bucket, scaled in proportion to the length.
         near = min(self._lengths, key=lambda b: abs(b.bit_length() - lb.bit_length()))
-        return _interpolate(self._tables[near], max(rows, 1)) * lb / near
+        return _interpolate(self._points[near], max(rows, 1)) * lb / near
+
+    def lower_bound(self, rows: int, length: int = 1) -> float:
+        """Like :meth:`predict`, but for a length never measured it is never scaled *up* from
+        the nearest measured length: what a request certainly needs at least.
+
+        Refusing or expiring a request on a guess would turn a long row that the warm-up never
+        measured (run time mostly fixed overhead, far from proportional to length) into a
+        false DEADLINE_EXCEEDED; decisions that only *refuse* use this, decisions that wait
+        use the cautious :meth:`predict`."""
+        if not self._lengths:
+            return self._seed
+        lb = bucket(length)
+        if lb in self._tables:
+            return _interpolate(self._points[lb], max(rows, 1))
+        near = min(self._lengths, key=lambda b: abs(b.bit_length() - lb.bit_length()))
+        return _interpolate(self._points[near], max(rows, 1)) * min(1.0, lb / near)
 
     def curve(self, length: int = 1) -> dict[int, float]:
         """Row bucket → predicted seconds of a batch of that many rows at ``length``
@@ -92,10 +109,9 @@ class LatencyModel:
         return {rb: self.predict(rb, length) for rb in table}
 
 
-def _interpolate(table: dict[int, list[float]], rows: float) -> float:
-    """Linear interpolation through the centroids of ``table`` (sorted by row bucket, so by
-    mean rows too: the buckets' row ranges are disjoint)."""
-    points = list(table.values())
+def _interpolate(points: list[list[float]], rows: float) -> float:
+    """Linear interpolation through centroids sorted by row bucket (so by mean rows too: the
+    buckets' row ranges are disjoint)."""
     r0, t0 = points[0]
     if rows <= r0 or len(points) == 1:
         # Below the smallest measurement, or a single one: proportional to rows.

@@ -128,7 +128,7 @@ def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
 
 
 class _OneRow:
-    """Predicted run time of a batch of one row of an entry's length, cached per length."""
+    """Least run time of a batch of one row of an entry's length (:meth:`LatencyModel.lower_bound`), cached per length."""
 
     def __init__(self, latency: LatencyModel) -> None:
         self._latency = latency
@@ -137,7 +137,7 @@ class _OneRow:
     def __call__(self, entry: QueueEntry) -> float:
         t = self._cache.get(entry.length)
         if t is None:
-            t = self._cache[entry.length] = self._latency.predict(1, entry.length)
+            t = self._cache[entry.length] = self._latency.lower_bound(1, entry.length)
         return t
 
 
@@ -159,7 +159,7 @@ def _on_time(batch: tuple[tuple[QueueEntry, int], ...], now: float, latency: Lat
     run time (they stay queued: a smaller batch on another slot may still make it, else they
     expire unrun). If that leaves nothing, the most urgent entry runs alone."""
     rows = sum(n for _, n in batch)
-    finish = now + latency.predict(rows, max(e.length for e, _ in batch))
+    finish = now + latency.lower_bound(rows, max(e.length for e, _ in batch))
     kept = tuple((e, n) for e, n in batch if e.deadline >= finish)
     return kept or batch[:1]
 
@@ -181,9 +181,11 @@ def _target_rows(rows: int, length: int, inputs: Inputs, policy: BatchingPolicy,
             return rows
         return cap
     rate = inputs.arrival_rate / max(inputs.slots, 1)
-    if rate <= 0:
-        return rows
     best_n, best_cost = rows, latency.predict(rows, length) / rows
+    if rate * best_cost <= 1:
+        # Arrivals no faster than this batch runs: since p(n) >= p(rows), the cost of n rows
+        # is at least ((n - rows)/rate + p(rows))/n >= p(rows)/rows, so no wait can pay.
+        return rows
     for n in range(rows + 1, cap + 1):
         busy = (n - rows) / rate + latency.predict(n, length)
         if n < rate * busy:
