@@ -8,7 +8,7 @@ GEN := service/trtserve/_proto
 PROTOS := $(wildcard protos/inference/*.proto protos/trtserve/v1/*.proto)
 DATA ?= ../shared/data
 
-.PHONY: setup protos engine serve demo test bench clients clean
+.PHONY: setup protos engine serve demo test bench clients clean fuzz soak
 
 ## setup: create .venv with the server, export and dev extras (CPU builds; no GPU needed)
 setup: $(VENV)/.installed
@@ -48,6 +48,19 @@ test: engine
 	$(PY) -m pytest -q tests --ignore=tests/compat --ignore=tests/gpu
 	# tritonclient registers the same protobuf symbols as trtserve: its tests run in their own process.
 	$(PY) -m pytest -q tests/compat
+
+## fuzz: the long fuzzing run of the request path, unary and streaming (hypothesis, against a live
+## server); `make test` runs the same tests with a short budget (150 examples)
+FUZZ_EXAMPLES ?= 5000
+fuzz: engine
+	TRTSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -o timeout=7200 tests/reliability/test_fuzz.py --hypothesis-show-statistics
+
+## soak: mixed unary, streaming, cancelling and malformed traffic on minilm against a server
+## process for SOAK_SECONDS (default 10 minutes); reports statuses and RSS, fails on growth >= 5%.
+## Not part of CI.
+SOAK_SECONDS ?= 600
+soak: engine
+	$(PY) -m trtserve.tools.soak --model-repository engines --duration $(SOAK_SECONDS) --data $(DATA)
 
 ## bench: served throughput and latency against the raw engine, in one run
 bench: engine

@@ -74,6 +74,8 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8001, help="gRPC port (default: 8001; 0 picks a free one)")
     serve.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
                        help=f"largest request or response message in bytes (default: {DEFAULT_MAX_MESSAGE_BYTES})")
+    serve.add_argument("--max-receive-bytes", type=int, default=0,
+                       help="largest request message in bytes, when it should differ from --max-message-bytes (default: 0, the same)")
     serve.add_argument("--stream-inflight", type=int, default=DEFAULT_STREAM_INFLIGHT,
                        help=f"requests of one stream processed at once before reading pauses (default: {DEFAULT_STREAM_INFLIGHT})")
     serve.add_argument("--cpu-workers", type=int, default=2, help="threads for handler pre/post-processing (default: 2)")
@@ -187,6 +189,7 @@ async def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         max_message_bytes=args.max_message_bytes,
+        max_receive_bytes=args.max_receive_bytes or None,
         stream_inflight=args.stream_inflight,
         max_request_elements=args.max_request_elements or None,
         metrics_port=args.metrics_port or None,

@@ -456,6 +456,7 @@ async def start_server(
     host: str = "127.0.0.1",
     port: int = 0,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    max_receive_bytes: int | None = None,
     stream_inflight: int = DEFAULT_STREAM_INFLIGHT,
     max_request_elements: int | None = None,
     tls: TlsConfig | None = None,
@@ -471,8 +472,12 @@ async def start_server(
     ``service.loaded()`` once it is). Returns the server, the service and the bound port.
 
     Args:
+        max_message_bytes: the largest response (a larger one fails alone with
+            RESOURCE_EXHAUSTED) and, unless ``max_receive_bytes``, the largest request.
+        max_receive_bytes: the largest request message (gRPC refuses a larger one with
+            RESOURCE_EXHAUSTED before it is read); default ``max_message_bytes``.
         max_request_elements: most elements one request may declare over its inputs
-            (default: ``max_message_bytes``, which no valid request can exceed).
+            (default: the receive limit, which no valid request can exceed).
         tls: serve TLS (mutual TLS when it has a client CA) instead of plaintext.
         auth_token: require ``authorization: Bearer <token>`` on every call, except health
             checking and reflection unless ``auth_health``.
@@ -483,8 +488,9 @@ async def start_server(
         RuntimeError: the address cannot be bound.
         OSError: the metrics address cannot be bound.
     """
+    max_receive_bytes = max_receive_bytes or max_message_bytes
     options = [
-        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_receive_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
@@ -494,7 +500,7 @@ async def start_server(
         repository,
         max_send_bytes=max_message_bytes,
         stream_inflight=stream_inflight,
-        max_request_elements=max_request_elements or max_message_bytes,
+        max_request_elements=max_request_elements or max_receive_bytes,
         loading=loading,
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)

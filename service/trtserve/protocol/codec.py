@@ -57,7 +57,8 @@ def decode_inputs(request: pb.ModelInferRequest, spec: ModelSpec, *, max_element
     Raises:
         InvalidRequest: unknown, duplicate or missing input; wrong datatype; wrong rank or
             dims; zero-size or negative dims; data length not matching the shape; typed
-            contents in the wrong field; a malformed BYTES element; inconsistent batch sizes.
+            contents in the wrong field, or as well as raw contents; a malformed BYTES
+            element; inconsistent batch sizes.
     """
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
@@ -86,6 +87,12 @@ def decode_inputs(request: pb.ModelInferRequest, spec: ModelSpec, *, max_element
             )
         _check_datatype(tensor.name, tensor.datatype, expected.datatype)
         if raw:
+            typed = tensor.contents.ListFields()
+            if typed:
+                raise InvalidRequest(
+                    f"input '{tensor.name}' carries contents.{typed[0][0].name} as well as raw_input_contents; "
+                    "send its data one way only"
+                )
             arr = decode_raw(tensor.name, raw[i], expected.datatype, shape)
         else:
             arr = _decode_typed(tensor.name, tensor.contents, expected.datatype, shape)

@@ -39,6 +39,8 @@ def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backe
             pad_value=spec.policy.pad_value,
             intra_op_threads=options.intra_op_threads,
             inter_op_threads=options.inter_op_threads,
+            cpu_mem_arena=_flag(spec, "ort_cpu_mem_arena", True),
+            mem_pattern=_flag(spec, "ort_mem_pattern", True),
         )
     if spec.platform == "python":
         from .python import PythonBackend
@@ -58,3 +60,17 @@ def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backe
             pad_value=spec.policy.pad_value,
         )
     raise Unsupported(f"platform '{spec.platform}' is not available in this build")
+
+
+def _flag(spec: ModelSpec, key: str, default: bool) -> bool:
+    """A "true"/"false" config parameter of ``spec`` (``default`` when absent).
+
+    Raises:
+        ValueError: any other value (the model then fails to load, with this reason).
+    """
+    value = spec.parameters.get(key)
+    if value is None:
+        return default
+    if value.strip().lower() not in ("true", "false"):
+        raise ValueError(f"parameter {key} must be \"true\" or \"false\", got '{value}'")
+    return value.strip().lower() == "true"

@@ -52,6 +52,12 @@ class OnnxRuntimeBackend:
         intra_op_threads: ORT threads per session for one operator (0: ORT's default,
             one per core).
         inter_op_threads: ORT threads across operators (0: ORT's default).
+        cpu_mem_arena: keep ORT's CPU memory arena (ORT's default; config parameter
+            ``ort_cpu_mem_arena``). The arena keeps what it grew to, so with many distinct
+            input shapes (variable dims, and every total batch size the dispatcher forms) RSS
+            rises to the largest mix of shapes seen; ``"false"`` allocates and frees per run.
+        mem_pattern: let ORT plan and cache a memory pattern per input shape (ORT's default;
+            config parameter ``ort_mem_pattern``); variable shapes gain nothing from it.
 
     Raises:
         BackendError: the file cannot be loaded, or has an input/output type with no
@@ -67,12 +73,16 @@ class OnnxRuntimeBackend:
         pad_value: float = 0.0,
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
+        cpu_mem_arena: bool = True,
+        mem_pattern: bool = True,
     ) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = inter_op_threads
+        options.enable_cpu_mem_arena = cpu_mem_arena
+        options.enable_mem_pattern = mem_pattern
         try:
             self._sessions = [
                 ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

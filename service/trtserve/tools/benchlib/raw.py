@@ -1,9 +1,10 @@
 """The raw reference: the model's ONNX file run directly in ONNX Runtime, no server.
 
-Same file, same session settings as the server's default (CPU execution provider,
-``intra_op_num_threads`` 0 and ``inter_op_num_threads`` 0: ONNX Runtime's own choice, one
-thread per core), same rows packed the same way, at batch sizes 1, 2, 4, … max_batch_size.
-Run it while the server is idle.
+Same file, same session settings as the server's default (those of
+:class:`~trtserve.runtimes.onnxruntime.OnnxRuntimeBackend` at ``--intra-op-threads 0``: CPU
+execution provider, ``intra_op_num_threads`` 0 and ``inter_op_num_threads`` 0, ONNX
+Runtime's own choice of one thread per core; keep the two in step), same rows packed the
+same way, at batch sizes 1, 2, 4, … max_batch_size. Run it while the server is idle.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def _request_input(spec: TensorSpec, index: int, texts: Sequence[str], rng: np.r
     shape = (1, *(VARIABLE_DIM if d == -1 else d for d in spec.dims))
     if spec.datatype.name == "BYTES":
         if not texts:
-            raise ValueError(f"input '{spec.name}' is text: the benchmark needs the corpus (--data)")
+            raise ValueError(f"input '{spec.name}' is text: the benchmark needs sentences from {CORPUS} under --data")
         arr = np.empty(shape, dtype=object)
         arr.fill(texts[index % len(texts)].encode("utf-8"))
         return arr

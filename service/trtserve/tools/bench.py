@@ -1,0 +1,200 @@
+"""``trtserve bench``: served throughput and latency against the raw engine, in one run.
+
+Starts a real server subprocess (``trtserve serve`` on 127.0.0.1, an ephemeral port) and,
+for each model:
+
+1. the raw reference while the server is idle: the model's ONNX file in ONNX Runtime
+   directly, at batch sizes 1, 2, 4, … max_batch_size (best rows/s, batch-of-one latency);
+2. closed loop, a sweep of concurrent callers, over unary ModelInfer and one ModelStreamInfer
+   stream;
+3. open loop, Poisson arrivals at fractions of the capacity the closed loop measured (per
+   transport), each request with a deadline (``timeout`` parameter) of ``--deadline-factor``
+   × the raw batch-of-one latency.
+
+Each point reports achieved rows/s, p50/p90/p99 latency (ms, send → answer), errors by
+status, deadline misses, the server's mean batch size (ModelStatistics deltas), the ratio of
+served rows/s to the raw best-batch rows/s, and the CPU time per request (µs) of the server
+and of the bench client. Output: tables and the issue's targets (PASS/MISS) on the terminal,
+``OUT/bench.json``, ``OUT/<model>_latency.png`` and ``OUT/<model>_batches.png``. Targets are reported, never turned into an exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnxruntime
+
+from ..client import CHANNEL_OPTIONS
+from .benchlib.cpu import cpu_seconds
+from .benchlib.load import LoadGenerator, Window
+from .benchlib.plots import plot_batches, plot_latency
+from .benchlib.raw import measure_raw
+from .benchlib.report import MODES, Measurement, Point, RawReference, check_targets, format_header, format_row, format_tables, summarize
+from .benchlib.workload import CORPUS, Workload, build_workload, load_texts, poisson_arrivals
+from .process import ServerProcess
+
+DEFAULT_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
+SETTLE_S = 0.2
+"""Pause between points (seconds) so that one point's tail does not run into the next."""
+SCHEDULE_SLACK_S = 1.0
+"""Open loop: seconds of arrivals drawn beyond warm-up + window (the window ends on a
+measured clock, so the schedule must outlast it)."""
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory (default: bench-results)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"shared data directory with {CORPUS} (default: ../shared/data beside the repository)")
+    parser.add_argument("--models", type=_names, default=["tiny", "minilm"], help="models to drive, comma-separated (default: tiny,minilm)")
+    parser.add_argument("--modes", type=_names, default=list(MODES), help=f"sweeps to run, comma-separated (default: {','.join(MODES)})")
+    parser.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 64], help="closed loop: callers (unary) or requests in flight (stream) per point (default: 1,4,16,64)")
+    parser.add_argument("--rates", type=_floats, default=[0.5, 0.8, 1.0], help="open loop: arrival rates as fractions of the measured capacity (default: 0.5,0.8,1.0)")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per point (default: 5)")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each point's window (default: 1)")
+    parser.add_argument("--raw-duration", type=float, default=1.5, help="seconds per batch size of the raw reference (default: 1.5)")
+    parser.add_argument("--deadline-factor", type=float, default=4.0, help="open loop: request deadline as a multiple of the raw batch-of-one latency (default: 4)")
+    parser.add_argument("--requests", type=int, default=1024, help="distinct prebuilt requests per model (default: 1024)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the Poisson arrivals (default: 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; returns 0 when every point ran (targets missed or not)."""
+    started = time.perf_counter()
+    unknown = [m for m in args.modes if m not in MODES]
+    if unknown:
+        raise SystemExit(f"unknown mode(s) {unknown}; choose from {','.join(MODES)}")
+    rng = np.random.default_rng(args.seed)
+    texts = load_texts(args.data, args.requests, rng) if (args.data / CORPUS).is_file() else []
+    workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng) for m in args.models}
+    args.out.mkdir(parents=True, exist_ok=True)
+    with ServerProcess(args.model_repository) as server:
+        print(f"server under test: pid {server.pid} at {server.url}", flush=True)
+        raws, points = asyncio.run(_bench(args, workloads, server, rng))
+
+    print()
+    print(format_tables(points, raws))
+    targets = check_targets(points, raws)
+    print("targets:")
+    for target in targets:
+        print("  " + target.line())
+    plots = []
+    for model, workload in workloads.items():
+        mine = [p for p in points if p.model == model]
+        if mine:
+            plots += [args.out / f"{model}_latency.png", args.out / f"{model}_batches.png"]
+            plot_latency(model, mine, raws.get(model), plots[-2])
+            plot_batches(model, mine, workload.spec.policy.max_batch_size, plots[-1])
+    wall_s = time.perf_counter() - started
+    report = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": _machine(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "command"},
+        "raw": {m: r.summary() for m, r in raws.items()},
+        "points": [dataclasses.asdict(p) for p in points],
+        "targets": [dataclasses.asdict(t) for t in targets],
+        "wall_s": wall_s,
+    }
+    (args.out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"\nwrote {args.out / 'bench.json'}, {', '.join(str(p) for p in plots)}")
+    print(f"bench finished in {wall_s:.0f} s")
+    return 0
+
+
+async def _bench(
+    args: argparse.Namespace, workloads: dict[str, Workload], server: ServerProcess, rng: np.random.Generator
+) -> tuple[dict[str, RawReference], list[Point]]:
+    raws: dict[str, RawReference] = {}
+    points: list[Point] = []
+    async with grpc.aio.insecure_channel(server.url, options=CHANNEL_OPTIONS) as channel:
+        gen = LoadGenerator(channel, lambda: cpu_seconds(server.pid), args.warmup, args.duration)
+        print(f"{'model':8} {'mode':13} {format_header()}", flush=True)
+        for model, workload in workloads.items():
+            if not await gen.model_ready(model):
+                raise SystemExit(f"model '{model}' is not ready on the server:\n" + "".join(server.output))
+            raw = raws[model] = measure_raw(workload, args.raw_duration)
+            print(f"{model}: raw best {raw.best.rows_per_s:.1f} rows/s at batch {raw.best.batch}, "
+                  f"batch-of-one {raw.batch1_ms:.3f} ms", flush=True)
+            for mode in (m for m in MODES if m in args.modes):
+                async for point in _sweep(args, gen, workload, raw, mode, points, rng):
+                    points.append(point)
+                    print(f"{model:8} {mode:13} {format_row(point)}", flush=True)
+    return raws, points
+
+
+async def _sweep(
+    args: argparse.Namespace, gen: LoadGenerator, workload: Workload, raw: RawReference, mode: str,
+    done: list[Point], rng: np.random.Generator,
+) -> AsyncIterator[Point]:
+    """The points of one mode for one model, each as soon as it is measured (``done``: the
+    points measured before, where the open loop finds its capacity)."""
+    model = workload.spec.name
+    loop, transport = mode.split("-")
+    stream = transport == "stream"
+
+    def point(load: float, fraction: float | None, deadline_us: int | None, window: Window) -> Point:
+        return summarize(Measurement(
+            model=model, mode=mode, load=load, fraction=fraction, window_s=window.seconds, rows_per_request=1,
+            latency_us=window.latency_us, codes=window.codes, late=window.late, deadline_us=deadline_us,
+            send_lag_us=window.send_lag_us, before=window.before, after=window.after,
+        ), raw.best.rows_per_s)
+
+    if loop == "closed":
+        messages = workload.messages(max(len(workload.requests), max(args.concurrency) + 1), with_ids=stream)
+        for concurrency in args.concurrency:
+            drive = gen.closed_stream if stream else gen.closed_unary
+            yield point(concurrency, None, None, await drive(model, messages, concurrency))
+            await asyncio.sleep(SETTLE_S)
+        return
+
+    # Open loop: capacity is the best the closed loop reached over the same transport (one
+    # row per request, so rows/s = requests/s), else the raw engine's best.
+    closed = [p.rows_per_s for p in done if p.model == model and p.mode == f"closed-{transport}"]
+    capacity = max(closed) if closed else raw.best.rows_per_s
+    deadline_us = max(1, round(args.deadline_factor * raw.batch1_ms * 1000))
+    for fraction in args.rates:
+        rate = fraction * capacity
+        arrivals = poisson_arrivals(rate, args.warmup + args.duration + SCHEDULE_SLACK_S, rng)
+        if stream:
+            window = await gen.open_stream(model, workload.messages(len(arrivals), with_ids=True, timeout_us=deadline_us), arrivals, deadline_us / 1e6)
+        else:
+            window = await gen.open_unary(model, workload.messages(timeout_us=deadline_us), arrivals, deadline_us / 1e6)
+        yield point(rate, fraction, deadline_us, window)
+        await asyncio.sleep(SETTLE_S)
+
+
+def _machine() -> dict[str, object]:
+    cpu = "unknown"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "grpcio": grpc.__version__,
+    }

@@ -1,0 +1,272 @@
+"""Load generators on ``grpc.aio``, in the bench process, against the server subprocess.
+
+Requests travel as bytes serialized before the clock starts (the channel's unary method
+has no serializer, and unary answers are not parsed: only their status is kept). Stream
+answers are parsed for their ``id`` and error code.
+
+Every point runs ``warmup_s`` unmeasured, then a window of ``duration_s``; the requests
+*sent* (closed loop) or *scheduled* (open loop) inside the window are the point's sample,
+each followed to its answer after the window closes. Times are ``time.perf_counter()``
+seconds; latency runs from sending a request to its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from ..._proto.inference import grpc_service_pb2 as pb
+from .report import Snapshot
+
+METHOD = "/inference.GRPCInferenceService/"
+CALL_TIMEOUT_S = 300.0
+"""gRPC deadline of each unary call: a safety net against a hung server, never reached in a
+healthy run (a request's own deadline, where it has one, is its ``timeout`` parameter)."""
+
+Drive = Callable[["Recorder", asyncio.Event], Awaitable[None]]
+
+
+@dataclass
+class Recorder:
+    """Per-request records of one point (appended on the event loop only; times in seconds)."""
+
+    scheduled: list[float] = field(default_factory=list)
+    sent: list[float] = field(default_factory=list)
+    done: list[float] = field(default_factory=list)
+    codes: list[str] = field(default_factory=list)
+    late: list[bool] = field(default_factory=list)
+
+    def add(self, scheduled: float, sent: float, done: float, code: str, deadline_s: float | None) -> None:
+        """One answer; it is late if OK but more than ``deadline_s`` after it was sent."""
+        self.scheduled.append(scheduled)
+        self.sent.append(sent)
+        self.done.append(done)
+        self.codes.append(code)
+        self.late.append(code == "OK" and deadline_s is not None and done - sent > deadline_s)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The measured part of a point.
+
+    Attributes:
+        seconds: window length.
+        latency_us: per request, send → answer in microseconds.
+        codes: per request, gRPC status name.
+        late: OK answers after their deadline.
+        send_lag_us: per request, send − scheduled arrival in microseconds.
+        before, after: counters at the window's start and after its last answer.
+    """
+
+    seconds: float
+    latency_us: np.ndarray
+    codes: tuple[str, ...]
+    late: int
+    send_lag_us: np.ndarray
+    before: Snapshot
+    after: Snapshot
+
+
+def _stream_code(response: pb.ModelStreamInferResponse) -> str:
+    if not response.error_message:
+        return "OK"
+    params = response.infer_response.parameters
+    return params["error_code"].string_param if "error_code" in params else "UNKNOWN"
+
+
+class LoadGenerator:
+    """Drives one server over one channel.
+
+    Args:
+        channel: a ``grpc.aio`` channel to the server.
+        server_cpu_s: reads the server process's CPU seconds.
+        warmup_s: unmeasured seconds at the start of each point.
+        duration_s: seconds of each point's measuring window.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, server_cpu_s: Callable[[], float], warmup_s: float, duration_s: float) -> None:
+        self._infer = channel.unary_unary(METHOD + "ModelInfer")
+        self._stream = channel.stream_stream(METHOD + "ModelStreamInfer", response_deserializer=pb.ModelStreamInferResponse.FromString)
+        self._statistics = channel.unary_unary(
+            METHOD + "ModelStatistics",
+            request_serializer=pb.ModelStatisticsRequest.SerializeToString,
+            response_deserializer=pb.ModelStatisticsResponse.FromString,
+        )
+        self._ready = channel.unary_unary(
+            METHOD + "ModelReady",
+            request_serializer=pb.ModelReadyRequest.SerializeToString,
+            response_deserializer=pb.ModelReadyResponse.FromString,
+        )
+        self._server_cpu_s = server_cpu_s
+        self.warmup_s = warmup_s
+        self.duration_s = duration_s
+
+    async def model_ready(self, model: str) -> bool:
+        """Whether the server serves ``model`` (ModelReady)."""
+        response = await self._ready(pb.ModelReadyRequest(name=model))
+        return response.ready
+
+    async def snapshot(self, model: str) -> Snapshot:
+        """CPU seconds of both processes and the model's ModelStatistics counters, now."""
+        response = await self._statistics(pb.ModelStatisticsRequest(name=model))
+        stats = response.model_stats[0]
+        own = os.times()
+        return Snapshot(
+            server_cpu_s=self._server_cpu_s(),
+            client_cpu_s=own.user + own.system,
+            inference_count=stats.inference_count,
+            execution_count=stats.execution_count,
+            batches={b.batch_size: b.compute_infer.count for b in stats.batch_stats},
+        )
+
+    async def _unary(self, message: bytes) -> str:
+        try:
+            await self._infer(message, timeout=CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+        return "OK"
+
+    async def _measure(self, model: str, drive: Drive) -> Window:
+        recorder = Recorder()
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(drive(recorder, stop))
+        try:
+            await asyncio.sleep(self.warmup_s)
+            before = await self.snapshot(model)
+            start = time.perf_counter()
+            await asyncio.sleep(self.duration_s)
+            end = time.perf_counter()
+            stop.set()
+            await task
+        finally:
+            task.cancel()
+        after = await self.snapshot(model)
+        scheduled = np.asarray(recorder.scheduled)
+        keep = (scheduled >= start) & (scheduled < end)
+        sent, done = np.asarray(recorder.sent)[keep], np.asarray(recorder.done)[keep]
+        return Window(
+            seconds=end - start,
+            latency_us=(done - sent) * 1e6,
+            codes=tuple(np.asarray(recorder.codes, dtype=object)[keep]),
+            late=int(np.asarray(recorder.late, dtype=bool)[keep].sum()),
+            send_lag_us=(sent - scheduled[keep]) * 1e6,
+            before=before,
+            after=after,
+        )
+
+    async def closed_unary(self, model: str, messages: Sequence[bytes], concurrency: int) -> Window:
+        """``concurrency`` callers, each sending its next ModelInfer when the last is answered."""
+
+        async def caller(first: int, recorder: Recorder, stop: asyncio.Event) -> None:
+            i = first
+            while not stop.is_set():
+                message = messages[i % len(messages)]
+                i += concurrency
+                sent = time.perf_counter()
+                code = await self._unary(message)
+                recorder.add(sent, sent, time.perf_counter(), code, None)
+
+        async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
+            await asyncio.gather(*(caller(k, recorder, stop) for k in range(concurrency)))
+
+        return await self._measure(model, drive)
+
+    async def closed_stream(self, model: str, messages: Sequence[bytes], concurrency: int) -> Window:
+        """One ModelStreamInfer stream with ``concurrency`` requests in flight: each answer
+        sends the next. ``messages[i]`` must carry id ``str(i)``; more messages than
+        ``concurrency``, so that the ids in flight are distinct."""
+        if len(messages) <= concurrency:
+            raise ValueError(f"a stream at concurrency {concurrency} needs more than {len(messages)} messages")
+
+        async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
+            call = self._stream()
+            free = deque(range(len(messages)))
+            sent_at = [0.0] * len(messages)
+
+            async def send() -> None:
+                i = free.popleft()
+                sent_at[i] = time.perf_counter()
+                await call.write(messages[i])
+
+            for _ in range(concurrency):
+                await send()
+            inflight = concurrency
+            while inflight:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    raise RuntimeError("the server closed the stream with requests unanswered")
+                i = int(response.infer_response.id)
+                recorder.add(sent_at[i], sent_at[i], time.perf_counter(), _stream_code(response), None)
+                free.append(i)
+                inflight -= 1
+                if not stop.is_set():
+                    await send()
+                    inflight += 1
+            await call.done_writing()
+            await call.read()  # EOF: the server has finished the call
+
+        return await self._measure(model, drive)
+
+    async def open_unary(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray, deadline_s: float) -> Window:
+        """A ModelInfer at each of ``arrivals`` (seconds from the start, Poisson), each its
+        own call, whether or not earlier ones were answered."""
+
+        async def one(message: bytes, scheduled: float, recorder: Recorder) -> None:
+            sent = time.perf_counter()
+            code = await self._unary(message)
+            recorder.add(scheduled, sent, time.perf_counter(), code, deadline_s)
+
+        async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
+            calls = []
+            base = time.perf_counter()
+            for k, offset in enumerate(arrivals):
+                delay = base + offset - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if stop.is_set():
+                    break
+                calls.append(asyncio.ensure_future(one(messages[k % len(messages)], base + offset, recorder)))
+            await asyncio.gather(*calls)
+
+        return await self._measure(model, drive)
+
+    async def open_stream(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray, deadline_s: float) -> Window:
+        """One ModelStreamInfer stream, message k written at ``arrivals[k]`` (seconds from
+        the start, Poisson). ``messages[k]`` must carry id ``str(k)``, one per arrival."""
+        if len(messages) < len(arrivals):
+            raise ValueError(f"{len(arrivals)} arrivals need as many messages, got {len(messages)}")
+
+        async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
+            call = self._stream()
+            scheduled = [0.0] * len(arrivals)
+            sent = [0.0] * len(arrivals)
+
+            async def read() -> None:
+                while (response := await call.read()) is not grpc.aio.EOF:
+                    k = int(response.infer_response.id)
+                    recorder.add(scheduled[k], sent[k], time.perf_counter(), _stream_code(response), deadline_s)
+
+            reader = asyncio.ensure_future(read())
+            try:
+                base = time.perf_counter()
+                for k, offset in enumerate(arrivals):
+                    delay = base + offset - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    if stop.is_set():
+                        break
+                    scheduled[k], sent[k] = base + offset, time.perf_counter()
+                    await call.write(messages[k])
+                await call.done_writing()
+                await reader
+            finally:
+                reader.cancel()
+
+        return await self._measure(model, drive)

@@ -1,0 +1,157 @@
+"""The benchmark's pure parts: statistics, ratios, target checks, tables, arrival schedules.
+Small fixed inputs, exact answers; nothing here times anything."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtserve.tools.benchlib.raw import batch_sizes
+from trtserve.tools.benchlib.report import (
+    Measurement,
+    RawReference,
+    RawSize,
+    Snapshot,
+    batch_delta,
+    check_targets,
+    format_row,
+    format_tables,
+    percentiles_ms,
+    ratio,
+    summarize,
+)
+from trtserve.tools.benchlib.cpu import proc_cpu_seconds
+from trtserve.tools.benchlib.workload import poisson_arrivals
+
+
+def snap(cpu: float = 0.0, client: float = 0.0, rows: int = 0, runs: int = 0, batches: dict[int, int] | None = None) -> Snapshot:
+    return Snapshot(cpu, client, rows, runs, batches or {})
+
+
+def measurement(**kw) -> Measurement:
+    fields = dict(
+        model="minilm", mode="closed-unary", load=4, fraction=None, window_s=2.0, rows_per_request=1,
+        latency_us=np.array([1000.0, 2000.0, 3000.0, 4000.0, 500.0]),
+        codes=["OK", "OK", "OK", "OK", "RESOURCE_EXHAUSTED"], late=0, deadline_us=None,
+        send_lag_us=np.array([]), before=snap(), after=snap(),
+    )
+    fields.update(kw)
+    return Measurement(**fields)
+
+
+def raw_ref(model: str = "minilm", batch1_us: float = 5000.0, best: tuple[int, float] = (16, 200.0)) -> RawReference:
+    """A reference whose batch of one takes ``batch1_us`` and whose best is ``best`` (batch, rows/s)."""
+    batch, rows_per_s = best
+    return RawReference(model, (RawSize(1, (batch1_us,) * 3), RawSize(batch, (batch / rows_per_s * 1e6,) * 2)))
+
+
+def test_percentiles_interpolate_linearly_in_ms():
+    assert percentiles_ms(np.array([1000.0, 2000.0, 3000.0, 4000.0, 5000.0])) == {50: 3.0, 90: 4.6, 99: pytest.approx(4.96)}
+    assert percentiles_ms(np.array([]), (50, 99)) == {50: None, 99: None}
+
+
+def test_ratio_of_served_to_raw():
+    assert ratio(180.0, 200.0) == pytest.approx(0.9)
+    assert ratio(10.0, 0.0) is None
+
+
+def test_batch_delta_counts_runs_between_snapshots():
+    before = snap(batches={1: 5, 4: 2})
+    after = snap(batches={1: 5, 4: 7, 16: 3})
+    assert batch_delta(before, after) == {4: 5, 16: 3}
+
+
+def test_raw_reference_best_and_batch_of_one():
+    raw = RawReference("m", (RawSize(1, (2000.0, 3000.0, 4000.0)), RawSize(2, (2000.0, 2000.0)), RawSize(4, (8000.0,))))
+    assert raw.batch1_ms == 3.0
+    assert raw.sizes[0].rows_per_s == pytest.approx(3 / 0.009)
+    assert raw.best.batch == 2 and raw.best.rows_per_s == pytest.approx(1000.0)
+    assert raw.summary()["best_batch"] == 2
+
+
+def test_summarize_counts_ok_rows_errors_batches_and_cpu():
+    m = measurement(
+        before=snap(cpu=1.0, client=0.5, rows=10, runs=10, batches={1: 10}),
+        after=snap(cpu=1.5, client=0.6, rows=14, runs=12, batches={1: 10, 2: 2}),
+    )
+    p = summarize(m, raw_best_rows_per_s=4.0)
+    assert p.requests == 5 and p.ok == 4
+    assert p.rows_per_s == 2.0 and p.requests_per_s == 2.0
+    assert p.p50_ms == 2.5  # errors are left out of the percentiles
+    assert p.errors == {"RESOURCE_EXHAUSTED": 1}
+    assert p.deadline_misses == 0
+    assert p.mean_batch == 2.0 and p.batch_hist == {2: 2}
+    assert p.ratio == 0.5
+    assert p.server_cpu_us_per_request == pytest.approx(100_000.0)
+    assert p.client_cpu_us_per_request == pytest.approx(20_000.0)
+    assert p.send_lag_p99_ms is None
+
+
+def test_deadline_misses_are_rejections_plus_late_answers():
+    m = measurement(mode="open-unary", fraction=0.8, deadline_us=20_000, late=2,
+                    codes=["OK", "DEADLINE_EXCEEDED", "OK", "DEADLINE_EXCEEDED", "OK"])
+    p = summarize(m, 100.0)
+    assert p.deadline_misses == 4 and p.late_answers == 2 and p.deadline_ms == 20.0
+    assert p.mean_batch is None  # no engine run in the window
+
+
+def point(**kw):
+    return summarize(measurement(**kw), 200.0)
+
+
+def test_targets_pass():
+    points = [
+        point(load=1, latency_us=np.full(5, 5500.0), codes=["OK"] * 5),
+        point(load=16, window_s=5 / 190, codes=["OK"] * 5),  # 190 rows/s
+        point(model="tiny", load=64, window_s=0.001, codes=["OK"] * 5),
+        point(model="tiny", mode="closed-stream", load=64, window_s=0.001, codes=["OK"] * 5),
+        point(mode="open-unary", load=150, fraction=0.8, deadline_us=20_000, codes=["OK"] * 5),
+    ]
+    verdicts = {t.name.split(":")[0]: t.verdict for t in check_targets(points, {"minilm": raw_ref()})}
+    assert list(verdicts.values()) == ["PASS", "PASS", "INFO", "INFO", "PASS"]
+    tiny = [t for t in check_targets(points, {"minilm": raw_ref()}) if t.name.startswith("tiny unary")][0]
+    assert tiny.detail.startswith("5000 req/s")
+
+
+def test_targets_miss():
+    points = [
+        point(load=1, latency_us=np.full(5, 6100.0), codes=["OK"] * 5),  # p50 6.1 > 5 + 1 ms
+        point(load=64, window_s=5 / 170, codes=["OK"] * 5),  # 170 / 200 = 0.85
+        point(mode="open-stream", load=150, fraction=0.8, deadline_us=20_000, late=1, codes=["OK"] * 5),  # 20 % missed
+    ]
+    targets = check_targets(points, {"minilm": raw_ref()})
+    verdicts = [t.verdict for t in targets]
+    assert verdicts == ["MISS", "MISS", "SKIP", "SKIP", "MISS"]
+    assert "= 0.850" in targets[0].detail and "(closed-unary c=64)" in targets[0].detail
+    assert "1 of 5 (20.0%)" in targets[4].detail
+
+
+def test_targets_skip_without_measurements():
+    assert {t.verdict for t in check_targets([], {})} == {"SKIP"}
+
+
+def test_tables_hold_every_point():
+    points = [point(load=1), point(mode="open-unary", load=150.0, fraction=0.8, deadline_us=20_000)]
+    text = format_tables(points, {"minilm": raw_ref(batch1_us=10_000.0)})
+    assert "minilm · closed-unary" in text and "minilm · open-unary, deadline 20.00 ms" in text
+    assert "raw ONNX Runtime best 200.0 rows/s at batch 16" in text
+    assert format_row(points[1]).startswith("150/s (80%)")
+    assert "RESOURCE_EXHAUSTED 1" in format_row(points[0])
+
+
+def test_poisson_arrivals_are_sorted_inside_the_span_at_the_rate():
+    times = poisson_arrivals(1000.0, 10.0, np.random.default_rng(0))
+    assert np.all(np.diff(times) > 0) and times[0] >= 0 and times[-1] < 10.0
+    assert abs(len(times) - 10_000) < 500  # 5 standard deviations
+    np.testing.assert_array_equal(times, poisson_arrivals(1000.0, 10.0, np.random.default_rng(0)))
+
+
+def test_batch_sizes_double_up_to_the_maximum():
+    assert batch_sizes(16) == [1, 2, 4, 8, 16]
+    assert batch_sizes(12) == [1, 2, 4, 8, 12]
+    assert batch_sizes(1) == [1]
+
+
+def test_proc_stat_cpu_seconds_counted_after_the_command_name():
+    stat = "4242 (python -m (x)) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 4 0 100"
+    assert proc_cpu_seconds(stat, ticks_per_s=100) == 3.0
