@@ -14,6 +14,7 @@ OK and the stream ends OK. Not scaled.
 
 from __future__ import annotations
 
+import pytest
 import queue
 import statistics
 import threading
@@ -28,6 +29,7 @@ from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request
 
 
+@pytest.mark.timing
 def test_full_queue_refuses_fast_and_health_stays_responsive(make_server, tmp_path):
     write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=1000,
                 dynamic="default_queue_policy { max_queue_size: 4 }")

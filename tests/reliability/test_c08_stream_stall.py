@@ -51,6 +51,7 @@ def answered(srv) -> int:
     return stats.totals()[0][0] + stats.totals()[1][0] if stats else 0
 
 
+@pytest.mark.timing
 def test_a_sustained_stream_never_stalls_and_unary_is_unaffected(srv):
     duration, rate = 20.0, 200
     sent: dict[str, float] = {}

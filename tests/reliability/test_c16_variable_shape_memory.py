@@ -2,20 +2,22 @@
 
 An ONNX Runtime CPU model with dims [-1,-1,3] (a small conv net: NHWC -> conv 3->8 -> ReLU ->
 conv 8->3 -> NHWC, so ORT allocates real intermediate tensors), max batch 8, dynamic batching,
-in a ``trtserve serve`` child process whose RSS is read from /proc every 0.25 s. 16 workers send
+in a ``trtserve serve`` child process whose RSS is read from /proc every 0.1 s. 16 workers send
 requests with 1-4 rows and height and width drawn from 30 values between 16 and 192: every
 request, and every total batch the dispatcher forms, is a new shape to ORT. The case sends
-20,000 requests with sizes 64..1024 and a warm-up of the first 10%; here 800 requests (about
-10 s on 2 cores): the first quarter is the warm-up (in the first 10% of 800 the largest shapes
-have not all come up yet), the second the baseline, then 300 of one fixed shape as the control.
+20,000 requests with sizes 64..1024 and compares with the RSS after the first 10%; here 800
+requests (about 10 s on 2 cores) and the peak RSS of the second half is compared with the
+peak of the first half, warm-up included (with 800 requests the largest shapes have not all
+come up in the first 10%, and RSS under load swings by 10% with the tensors in flight, so
+peaks over halves are what is stable); then 300 requests of one fixed shape as the control.
 
 The model sets the documented settings that keep memory bounded with variable shapes
 (README, "ONNX Runtime memory"): ``ort_cpu_mem_arena: "false"`` and ``ort_mem_pattern:
-"false"``. Expected: all OK; RSS (the p90 of the samples in each quarter) of the last two
-quarters stays within 10% of the baseline quarter (a plateau), and the fixed-shape control does
-not grow it either. (At these sizes the ORT defaults plateau too, in-flight tensors dominate;
-with shapes up to 512x512, 600 requests, the defaults peaked at about 800 MiB and ended at
-701 MiB, these settings peaked at about 640 MiB and ended at 368 MiB.)
+"false"``. Expected: all OK; the second half's peak stays within 10% of the first half's (a
+plateau), and the fixed-shape control does not grow it either. (At these sizes the ORT
+defaults plateau too, in-flight tensors dominate; with shapes up to 512x512, 600 requests,
+the defaults peaked at about 800 MiB and ended at 701 MiB, these settings peaked at about
+640 MiB and ended at 368 MiB.)
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def test_rss_plateaus_under_variable_shapes_with_the_documented_settings(tmp_pat
         def sample() -> None:
             while not stop.is_set():
                 samples.append((done, rss_bytes(srv.pid)))
-                stop.wait(0.25)
+                stop.wait(0.1)
 
         def one(i: int) -> None:
             nonlocal done
@@ -100,16 +102,15 @@ def test_rss_plateaus_under_variable_shapes_with_the_documented_settings(tmp_pat
             stop.set()
             sampler.join()
     mib = 1 << 20
-    # RSS per quarter of the run: its 90th percentile (in-flight tensors make the very peak jumpy).
-    quarters = [int(np.percentile([r for n, r in samples if q * REQUESTS // 4 < n <= (q + 1) * REQUESTS // 4], 90))
-                for q in range(4)]
-    control = int(np.percentile([r for n, r in samples if n > REQUESTS], 90))
-    print(f"\nC16: {REQUESTS} variable-shape requests in {varied_s:.1f} s; RSS p90 per quarter "
-          f"{[q // mib for q in quarters]} MiB ({(max(quarters[2:]) / quarters[1] - 1) * 100:+.1f}% after the second), "
-          f"{control // mib} MiB in the fixed-shape control")
+    first = max(r for n, r in samples if n <= REQUESTS // 2)
+    second = max(r for n, r in samples if REQUESTS // 2 < n <= REQUESTS)
+    control = max(r for n, r in samples if n > REQUESTS)
+    print(f"\nC16: {REQUESTS} variable-shape requests in {varied_s:.1f} s; RSS peak {first // mib} MiB in the first "
+          f"half, {second // mib} MiB in the second ({(second / first - 1) * 100:+.1f}%), {control // mib} MiB in the "
+          f"fixed-shape control")
     assert done == REQUESTS + CONTROL
-    assert max(quarters[2:]) < 1.10 * quarters[1]  # a plateau once warm
-    assert control < 1.10 * quarters[1]
+    assert second < 1.10 * first  # a plateau
+    assert control < 1.10 * first
 
 
 def test_the_memory_settings_reach_the_sessions_and_bad_values_are_refused(make_server, tmp_path):

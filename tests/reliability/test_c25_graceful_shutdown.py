@@ -21,6 +21,7 @@ not dropped, and the process still exits promptly.
 
 from __future__ import annotations
 
+import pytest
 import queue
 import signal
 import time
@@ -43,6 +44,7 @@ def call(stub, request, timeout=30):
         return exc.code(), None, exc.details() or ""
 
 
+@pytest.mark.timing
 def test_sigterm_drains_accepted_work_and_refuses_new_work_unavailable(tmp_path):
     write_probe(tmp_path, "slow", max_batch_size=32, batch_ms=2000, fast_warmup="true")
     grace = 10.0

@@ -82,6 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; returns 0 when every point ran (targets missed or not)."""
     started = time.perf_counter()
+    load_before = os.getloadavg()
     unknown = [m for m in args.modes if m not in MODES]
     if unknown:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {','.join(MODES)}")
@@ -107,9 +108,10 @@ def run(args: argparse.Namespace) -> int:
             plot_latency(model, mine, raws.get(model), plots[-2])
             plot_batches(model, mine, workload.spec.policy.max_batch_size, plots[-1])
     wall_s = time.perf_counter() - started
+    load_after = os.getloadavg()
     report = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": _machine(),
+        "machine": {**_machine(), "loadavg_1min_before": load_before[0], "loadavg_1min_after": load_after[0]},
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "command"},
         "raw": {m: r.summary() for m, r in raws.items()},
         "points": [dataclasses.asdict(p) for p in points],
@@ -118,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     }
     (args.out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"\nwrote {args.out / 'bench.json'}, {', '.join(str(p) for p in plots)}")
-    print(f"bench finished in {wall_s:.0f} s")
+    print(f"bench finished in {wall_s:.0f} s; 1-minute load average {load_before[0]:.2f} before, "
+          f"{load_after[0]:.2f} after, on {os.cpu_count()} CPUs")
     return 0
 
 
