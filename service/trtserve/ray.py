@@ -28,6 +28,7 @@ resume and exactly-once rules as the server path).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import threading
@@ -244,13 +245,11 @@ def init_local(num_cpus: int = 2) -> None:
     import ray
 
     if ray._private.ray_constants.ENABLE_RAY_CLUSTER:
-        import logging
-
         logging.getLogger(__name__).warning(
             "ray was imported before RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 was set: the local node may "
             "listen on this machine's network address, not only 127.0.0.1")
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus,
-             log_to_driver=False, configure_logging=True, logging_level="WARNING")
+             log_to_driver=False, configure_logging=True, logging_level=logging.WARNING)
 
 
 def run_bulk(cfg: Any, args: Any) -> Any:

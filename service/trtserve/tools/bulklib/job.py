@@ -259,8 +259,9 @@ class BulkJob:
         task = asyncio.ensure_future(coro)
 
         def check(t: asyncio.Task) -> None:
-            if not t.cancelled() and t.exception() is not None:
-                self._fail(t.exception())
+            exc = None if t.cancelled() else t.exception()
+            if exc is not None:
+                self._fail(exc)
 
         task.add_done_callback(check)
         return task

@@ -27,6 +27,7 @@ import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import pyarrow as pa
@@ -196,7 +197,7 @@ class ErrorLog:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.file = None
+        self.file: TextIO | None = None
         self.written = 0
 
     def ids(self) -> tuple[set, int]:
@@ -220,9 +221,10 @@ class ErrorLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.file = open(self.path, "a", encoding="utf-8")
             if self.file.tell() and not self._ends_with_newline():
-                self.file.write("\n")
-        self.file.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-        self.file.flush()
+                self.file.write("\n")  # a torn last line from a crash stays on its own line
+        f = self.file
+        f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        f.flush()
         self.written += 1
 
     def _ends_with_newline(self) -> bool:
