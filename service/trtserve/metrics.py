@@ -31,7 +31,11 @@ trtserve_rejected_total                     counter    model, reason = queue_ful
 trtserve_padding_ratio                      gauge      model
 trtserve_padding_elements_total             counter    model
 trtserve_batch_elements_total               counter    model
-trtserve_model_ready                        gauge      model
+trtserve_model_ready                        gauge      model (0 also while every slot is hung)
+trtserve_slots_unhealthy                    gauge      model (running one batch past the hang limit)
+trtserve_predicted_batch_seconds            gauge      model, rows, length (the latency model)
+trtserve_arrival_rate_rows                  gauge      model (rows/s, the dispatcher's estimate)
+trtserve_batch_cap_rows                     gauge      model (max rows of the next batch)
 trtserve_inflight_requests                  gauge      (none)
 ==========================================  =========  ======================================
 """
@@ -215,10 +219,19 @@ class TrtServeCollector:
         padding = GaugeMetricFamily("trtserve_padding_ratio", "Share of the elements run that were padding, since load.", labels=["model"])
         pad_elems = CounterMetricFamily("trtserve_padding_elements", "Input elements run that were padding.", labels=["model"])
         all_elems = CounterMetricFamily("trtserve_batch_elements", "Input elements run, padding included.", labels=["model"])
-        ready = GaugeMetricFamily("trtserve_model_ready", "1 when the model serves, else 0.", labels=["model"])
+        ready = GaugeMetricFamily("trtserve_model_ready", "1 when the model serves (loaded, and not every slot hung), else 0.", labels=["model"])
+        unhealthy = GaugeMetricFamily("trtserve_slots_unhealthy", "Execution slots running one batch past the hang limit.", labels=["model"])
+        predicted = GaugeMetricFamily(
+            "trtserve_predicted_batch_seconds",
+            "The latency model: predicted run time of a batch of `rows` rows padded to `length` (measured buckets).",
+            labels=["model", "rows", "length"],
+        )
+        arrival = GaugeMetricFamily("trtserve_arrival_rate_rows", "Rows per second arriving, as the dispatcher estimates it.", labels=["model"])
+        cap = GaugeMetricFamily("trtserve_batch_cap_rows", "Most rows the next batch may take (the adaptive cap, or max_batch_size).", labels=["model"])
         now = self.clock.now()
         for name, entry in sorted(list(self.repository.models.items())):
-            ready.add_metric([name], 1.0 if entry.state.value == "READY" else 0.0)
+            healthy = entry.served is None or entry.served.dispatcher.healthy
+            ready.add_metric([name], 1.0 if entry.state.value == "READY" and healthy else 0.0)
         for name, stats in self._stats():
             served = self.repository.models[name].served
             dispatcher = served.dispatcher if served is not None else None
@@ -239,6 +252,12 @@ class TrtServeCollector:
                 queued_rows.add_metric(labels, getattr(dispatcher.queue, "queued_rows", 0))
                 slots.add_metric(labels, n_slots)
                 busy_now.add_metric(labels, n_slots - dispatcher.idle_slots)
+                unhealthy.add_metric(labels, len(dispatcher.unhealthy_slots))
+                arrival.add_metric(labels, dispatcher.arrivals.rate(now))
+                cap.add_metric(labels, dispatcher.cap)
+                for length in dispatcher.latency.lengths:
+                    for rows, seconds in dispatcher.latency.curve(length).items():
+                        predicted.add_metric([name, str(rows), str(length)], seconds)
             busy = stats.compute_seconds
             busy_total.add_metric(labels, busy)
             then, busy_then = self._last_busy.get(name, (None, 0.0))
@@ -248,7 +267,8 @@ class TrtServeCollector:
             padding.add_metric(labels, stats.padding_ratio)
             pad_elems.add_metric(labels, stats.padded_elements - stats.real_elements)
             all_elems.add_metric(labels, stats.padded_elements)
-        yield from (queue_time, compute, batch, depth, queued_rows, slots, busy_now, busy_total, busy_ratio, padding, pad_elems, all_elems, ready)
+        yield from (queue_time, compute, batch, depth, queued_rows, slots, busy_now, busy_total, busy_ratio, padding, pad_elems, all_elems,
+                    ready, unhealthy, predicted, arrival, cap)
 
 
 class MetricsServer:

@@ -197,11 +197,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.ready)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        """Ready: loaded, not draining, and not every execution slot hung (``Dispatcher.healthy``),
+        so a load balancer polling it routes away from a wedged model."""
         try:
-            self.repository.get(request.name, request.version)
+            served = self.repository.get(request.name, request.version)
         except TrtServeError:
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=not self.draining)
+        return pb.ModelReadyResponse(ready=not self.draining and served.dispatcher.healthy)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name="trtserve", version=__version__, extensions=EXTENSIONS)

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
+from servers import code_of
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
@@ -102,14 +103,6 @@ def sample(metrics: dict, name: str, **labels: str) -> float:
     return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def code_of(fn, *args, **kw) -> grpc.StatusCode:
-    try:
-        fn(*args, **kw)
-    except grpc.RpcError as exc:
-        return exc.code()
-    return grpc.StatusCode.OK
-
-
 # -- metrics and statistics ------------------------------------------------------------------
 
 
@@ -159,7 +152,13 @@ def test_metrics_after_a_known_workload(metrics_server):
     assert sample(m, "trtserve_queue_depth", model="ident") == 0
     assert sample(m, "trtserve_slots", model="ident") == 1
     assert sample(m, "trtserve_model_ready", model="ident") == 1
+    assert sample(m, "trtserve_slots_unhealthy", model="ident") == 0
     assert sample(m, "trtserve_inflight_requests") == 0
+    # The latency model, as the dispatcher sees it: "one" sleeps 300 ms per batch (warm-up rows
+    # are 16 long), and the batch cap is the configured max_batch_size.
+    assert 0.29 < sample(m, "trtserve_predicted_batch_seconds", model="one", rows="1", length="16") < 0.6
+    assert sample(m, "trtserve_batch_cap_rows", model="one") == 1
+    assert ("trtserve_arrival_rate_rows", (("model", "ident"),)) in m
     # ModelStatistics carries the same numbers.
     infer = statistics.inference_stats
     assert infer.success.count == ok and infer.success.ns > 0

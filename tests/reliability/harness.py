@@ -169,15 +169,6 @@ def row(rid: float, n: int = 4, rows: int = 1) -> dict[str, np.ndarray]:
     return {"INPUT0": np.full((rows, n), rid, np.float32)}
 
 
-def code_of(fn, *args, **kw) -> grpc.StatusCode:
-    """The status code a blocking call ends with."""
-    try:
-        fn(*args, **kw)
-    except grpc.RpcError as exc:
-        return exc.code()
-    return grpc.StatusCode.OK
-
-
 def error_code(message: pb.ModelStreamInferResponse) -> str:
     """A stream message's status name: "OK", or its ``error_code`` parameter."""
     if not message.error_message:

@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from harness import code_of, raw_request, write_identity
+from harness import raw_request, write_identity
+from servers import code_of
 
 B_VALUES = np.arange(100, 105, dtype=np.float32)
 

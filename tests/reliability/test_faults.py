@@ -9,8 +9,8 @@ injects one fault on demand. Expectations:
 * an engine that returns the wrong output shape: INTERNAL naming the output, the expected
   and the returned shape, for that batch alone;
 * an engine that hangs past the deadlines: waiting callers get DEADLINE_EXCEEDED at their
-  deadlines, the slot is marked unhealthy (``Dispatcher.healthy`` / ``unhealthy_slots``)
-  instead of wedging the model, another slot keeps serving, and the slot recovers when the
+  deadlines, the slot is marked unhealthy (``Dispatcher.healthy`` / ``unhealthy_slots``;
+  ModelReady false while every slot is hung) instead of wedging the model, another slot keeps serving, and the slot recovers when the
   hang ends (the hang threshold, max(20x predicted, 10 s), is lowered to 1 s here);
 * a client that cancels its stream mid-way: its queued rows leave the queue at once and never
   run (only the batch already running finishes);
@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from harness import error_code, logged_ids, probe, row, wait_for, write_probe
 
+from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.batching import dispatcher as dispatcher_module
 from trtserve.client import build_request
@@ -104,8 +105,11 @@ def test_a_hung_engine_answers_callers_at_their_deadlines_and_marks_the_slot(mak
         queued = [pool.submit(call, c.stub, build_request("probe", row(float(i))), 0.6) for i in (21, 22)]
         assert [f.result()[0] for f in queued] == [grpc.StatusCode.DEADLINE_EXCEEDED] * 2
         assert wait_for(lambda: not d.healthy, 3)
+        # ModelReady says so, so that a load balancer routes away from the wedged model.
+        assert not c.stub.ModelReady(pb.ModelReadyRequest(name="probe"), timeout=5).ready
         # The hangs end: the slots come back and serve.
         assert wait_for(lambda: d.healthy and not d.unhealthy_slots and d.idle_slots == 2, 10)
+        assert c.stub.ModelReady(pb.ModelReadyRequest(name="probe"), timeout=5).ready
         assert call(c.stub, build_request("probe", row(5.0)), 5)[0] == grpc.StatusCode.OK
     assert 21.0 not in logged_ids(probe(srv)) and 22.0 not in logged_ids(probe(srv, slot=1))
 

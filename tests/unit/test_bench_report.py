@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from trtserve.tools.benchlib.policies import PolicyChoice, format_policy_table, goodput, miss_share, parse_policies, policy_targets
 from trtserve.tools.benchlib.raw import batch_sizes
 from trtserve.tools.benchlib.report import (
     Measurement,
+    Point,
     RawReference,
     RawSize,
     Snapshot,
@@ -155,3 +157,38 @@ def test_batch_sizes_double_up_to_the_maximum():
 def test_proc_stat_cpu_seconds_counted_after_the_command_name():
     stat = "4242 (python -m (x)) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 4 0 100"
     assert proc_cpu_seconds(stat, ticks_per_s=100) == 3.0
+
+
+def policy_point(policy: str, ok: int, late: int = 0, refused: int = 0, fraction: float = 0.8) -> Point:
+    codes = ["OK"] * ok + ["DEADLINE_EXCEEDED"] * refused
+    return summarize(measurement(mode="policy", load=100.0, fraction=fraction, window_s=5.0, codes=codes,
+                                 latency_us=np.full(len(codes), 20_000.0), late=late, deadline_us=90_000,
+                                 policy=policy), 200.0)
+
+
+def test_policy_items_parse_to_adaptive_and_fixed_timers():
+    assert parse_policies("adaptive, fixed:0.5,fixed:10") == [
+        PolicyChoice("adaptive", True, 0), PolicyChoice("fixed 0.5 ms", False, 500), PolicyChoice("fixed 10 ms", False, 10_000),
+    ]
+    for bad in ("fixed", "fixed:-1", "timer:2", "fixed:x"):
+        with pytest.raises(ValueError, match="expected 'adaptive' or 'fixed"):
+            parse_policies(bad)
+
+
+def test_goodput_counts_only_answers_within_the_deadline():
+    p = policy_point("adaptive", ok=400, late=25, refused=75)
+    assert goodput(p) == pytest.approx((400 - 25) / 5.0)
+    assert miss_share(p) == pytest.approx(100 / 475)
+
+
+def test_adaptive_against_the_best_fixed_timer_within_counting_error():
+    best = policy_point("fixed 0.5 ms", ok=625)  # 125/s, counting error sqrt(625)/5 = 5/s
+    others = [best, policy_point("fixed 10 ms", ok=500, refused=125)]
+    (close,) = policy_targets([policy_point("adaptive", ok=605), *others])  # 121/s: within 5/s
+    assert close.verdict == "PASS" and "(fixed 0.5 ms)" in close.detail and "±5.0" in close.detail
+    (behind,) = policy_targets([policy_point("adaptive", ok=590, refused=35), *others])  # 118/s
+    assert behind.verdict == "MISS"
+    (other_rate,) = policy_targets([policy_point("adaptive", ok=100, fraction=0.5), policy_point("fixed 2 ms", ok=200, fraction=0.5)])
+    assert other_rate.verdict == "INFO"
+    table = format_policy_table([policy_point("adaptive", ok=605), *others])
+    assert "fixed 10 ms" in table and "121.0" in table and "20.0%" in table

@@ -45,6 +45,37 @@ def test_latency_model_shrugs_off_an_outlier_and_scales_with_length():
     assert model.predict(8, 32) < 0.015
 
 
+def test_lower_bound_sits_at_the_fast_end_and_survives_a_slow_spell():
+    """A noisy CPU engine: refusals read the low estimate, so a few slow batches (a busy
+    moment) do not make the server refuse requests that a normal run would still answer."""
+    rng = np.random.default_rng(1)
+    model = LatencyModel()
+    for _ in range(200):
+        model.observe(1, 0.010 * rng.uniform(0.9, 1.3))
+    assert 0.0088 < model.lower_bound(1) < 0.0100 < model.predict(1)
+    for _ in range(5):
+        model.observe(1, 0.040)  # a busy moment: four times slower
+    assert model.predict(1) > 0.020
+    assert model.lower_bound(1) < 0.013
+    for _ in range(300):  # a lasting slowdown is followed by the low estimate too
+        model.observe(1, 0.030 * rng.uniform(0.9, 1.3))
+    assert 0.026 < model.lower_bound(1) < 0.030
+
+
+async def test_a_request_the_mean_would_refuse_is_admitted_and_answered():
+    clock = FakeClock()
+    backend = FakeBackend(clock, latency=lambda r: 0.010)
+    latency = LatencyModel()
+    for seconds in (0.010, 0.030, 0.030, 0.030):  # measured 10 ms once, then a slow spell
+        latency.observe(1, seconds)
+    assert latency.predict(1) > 0.015
+    d = Dispatcher(backend, BatchingPolicy(max_batch_size=4), clock=clock, latency=latency)
+    d.start()
+    future = d.submit(rows(1), deadline=clock.now() + 0.015)
+    await clock.advance(0.010)
+    assert future.done() and not future.exception()
+
+
 def test_simulation_adaptive_meets_deadlines_and_beats_every_fixed_timer_at_80_percent():
     results = compare(fixed=0.002, per_row=0.0001, max_batch_size=16, deadline=0.010, loads=[0.8],
                       timers=[0.0005, 0.002, 0.010], duration=0.6)[0.8]

@@ -15,6 +15,14 @@ proportion to the length. Each update moves the estimate a fraction ``alpha`` of
 after clipping the sample to ``clip`` times the current estimate (and not below 1/clip of it),
 so one outlier (a GC pause, a noisy neighbour) moves it little while a lasting drift is followed
 within a few dozen batches.
+
+Each centroid also keeps a *low* estimate of its run time: it drops at once to a faster sample
+and rises by ``rise`` of the gap on a slower one, so it sits near the fast end of the recent
+samples (a low quantile: about the ``rise / (1 + rise)`` one for noise symmetric about the
+mean). :meth:`LatencyModel.lower_bound` reads it. Refusing a request on the *mean* of a noisy
+CPU engine refuses ones that would have made it, and a refused request is never measured, so an
+estimate inflated by a busy moment would keep refusing; the low estimate refuses only what even
+a fast run would not finish in time.
 """
 
 from __future__ import annotations
@@ -36,20 +44,29 @@ class LatencyModel:
         alpha: weight of a new measurement (0..1].
         clip: a sample is clipped into [estimate / clip, estimate * clip] before it is used.
         seed: run time in seconds assumed before anything is measured.
+        rise: how far (0..1] the low estimate moves toward a sample slower than it.
     """
 
-    def __init__(self, alpha: float = 0.2, clip: float = 3.0, seed: float = 0.0) -> None:
+    def __init__(self, alpha: float = 0.2, clip: float = 3.0, seed: float = 0.0, rise: float = 0.02) -> None:
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         if clip < 1:
             raise ValueError(f"clip must be >= 1, got {clip}")
+        if not 0 < rise <= 1:
+            raise ValueError(f"rise must be in (0, 1], got {rise}")
         self._alpha = alpha
         self._clip = clip
         self._seed = seed
-        # length bucket -> row bucket -> [mean rows, mean seconds]; and the same points sorted
+        self._rise = rise
+        # length bucket -> row bucket -> [mean rows, mean seconds, low seconds]; and the same points sorted
         self._tables: dict[int, dict[int, list[float]]] = {}
         self._points: dict[int, list[list[float]]] = {}
         self._lengths: list[int] = []
+
+    @property
+    def lengths(self) -> list[int]:
+        """The padded-length buckets measured so far, ascending."""
+        return list(self._lengths)
 
     @property
     def measured(self) -> bool:
@@ -66,11 +83,14 @@ class LatencyModel:
         table = self._tables[lb]
         point = table.get(bucket(rows))
         if point is None:
-            table[bucket(rows)] = [float(rows), value]
+            table[bucket(rows)] = [float(rows), value, value]
             self._points[lb] = [table[b] for b in sorted(table)]
             return
         expected = _interpolate(self._points[lb], rows)
         value = min(max(value, expected / self._clip), expected * self._clip)
+        # The sample moved along the mean curve to the centroid's rows, for the low estimate.
+        low = max(value + point[1] - expected, 0.0)
+        point[2] = low if low < point[2] else point[2] + self._rise * (low - point[2])
         point[0] += self._alpha * (rows - point[0])
         point[1] += self._alpha * (value - point[1])
 
@@ -87,37 +107,42 @@ class LatencyModel:
         return _interpolate(self._points[near], max(rows, 1)) * lb / near
 
     def lower_bound(self, rows: int, length: int = 1) -> float:
-        """Like :meth:`predict`, but for a length never measured it is never scaled *up* from
-        the nearest measured length: what a request certainly needs at least.
+        """What a batch of ``rows`` rows padded to ``length`` needs at least: the low
+        estimate (see the module docstring), and for a length never measured never scaled
+        *up* from the nearest measured length.
 
         Refusing or expiring a request on a guess would turn a long row that the warm-up never
-        measured (run time mostly fixed overhead, far from proportional to length) into a
-        false DEADLINE_EXCEEDED; decisions that only *refuse* use this, decisions that wait
-        use the cautious :meth:`predict`."""
+        measured (run time mostly fixed overhead, far from proportional to length), or a row
+        arriving after a few slow batches, into a false DEADLINE_EXCEEDED; decisions that only
+        *refuse* use this, decisions that wait use the cautious :meth:`predict`."""
         if not self._lengths:
             return self._seed
         lb = bucket(length)
         if lb in self._tables:
-            return _interpolate(self._points[lb], max(rows, 1))
+            return _interpolate(self._points[lb], max(rows, 1), LOW)
         near = min(self._lengths, key=lambda b: abs(b.bit_length() - lb.bit_length()))
-        return _interpolate(self._points[near], max(rows, 1)) * min(1.0, lb / near)
+        return _interpolate(self._points[near], max(rows, 1), LOW) * min(1.0, lb / near)
 
     def curve(self, length: int = 1) -> dict[int, float]:
         """Row bucket → predicted seconds of a batch of that many rows at ``length``
         (for metrics, the adaptive batch size and ``trtserve profile``)."""
         table = self._tables.get(bucket(length), {})
-        return {rb: self.predict(rb, length) for rb in table}
+        return {rb: self.predict(rb, length) for rb in list(table)}  # list(): metrics read from another thread
 
 
-def _interpolate(points: list[list[float]], rows: float) -> float:
-    """Linear interpolation through centroids sorted by row bucket (so by mean rows too: the
-    buckets' row ranges are disjoint)."""
-    r0, t0 = points[0]
+MEAN, LOW = 1, 2
+"""Columns of a centroid after its mean rows: mean seconds, low seconds."""
+
+
+def _interpolate(points: list[list[float]], rows: float, column: int = MEAN) -> float:
+    """Linear interpolation of ``column`` through centroids sorted by row bucket (so by mean
+    rows too: the buckets' row ranges are disjoint)."""
+    r0, t0 = points[0][0], points[0][column]
     if rows <= r0 or len(points) == 1:
         # Below the smallest measurement, or a single one: proportional to rows.
         return t0 * rows / r0
-    for (ra, ta), (rb, tb) in zip(points, points[1:]):
-        if rows <= rb:
-            return ta + (tb - ta) * (rows - ra) / (rb - ra)
-    (ra, ta), (rb, tb) = points[-2], points[-1]
-    return tb + max((tb - ta) / (rb - ra), 0.0) * (rows - rb)
+    for a, b in zip(points, points[1:]):
+        if rows <= b[0]:
+            return a[column] + (b[column] - a[column]) * (rows - a[0]) / (b[0] - a[0])
+    a, b = points[-2], points[-1]
+    return b[column] + max((b[column] - a[column]) / (b[0] - a[0]), 0.0) * (rows - b[0])

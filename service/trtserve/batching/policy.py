@@ -155,9 +155,11 @@ def adaptive_cap(latency: LatencyModel, policy: BatchingPolicy, length: int = 1,
 
 
 def _on_time(batch: tuple[tuple[QueueEntry, int], ...], now: float, latency: LatencyModel) -> tuple[tuple[QueueEntry, int], ...]:
-    """Leave out of the batch the rows that would finish after their deadline at its predicted
-    run time (they stay queued: a smaller batch on another slot may still make it, else they
-    expire unrun). If that leaves nothing, the most urgent entry runs alone."""
+    """Leave out of the batch the rows that would finish after their deadline even at the
+    batch's least run time (:meth:`LatencyModel.lower_bound`; they stay queued: a smaller batch
+    on another slot may still make it, else they expire unrun). A row that may still make it
+    is kept: left out, it would wait for this batch and surely miss. If that leaves nothing,
+    the most urgent entry runs alone."""
     rows = sum(n for _, n in batch)
     finish = now + latency.lower_bound(rows, max(e.length for e, _ in batch))
     kept = tuple((e, n) for e, n in batch if e.deadline >= finish)

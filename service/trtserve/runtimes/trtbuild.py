@@ -32,7 +32,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import re
 import tempfile
 import time
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError
+from ..files import write_atomic
 from . import cuda
 from .cuda import GpuUnavailable
 from .tensorrt import PLAN_FILE, SIDECAR_SUFFIX, TRT_TYPES, logged_errors, logger, unavailable_reason
@@ -274,21 +274,6 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def write_atomic(path: Path, data: bytes | memoryview) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same directory, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 _PLATFORM_LINE = re.compile(r'^(\s*)(platform|backend)\s*:\s*"([^"]*)"', re.MULTILINE)

@@ -9,7 +9,11 @@ for each model:
    stream;
 3. open loop, Poisson arrivals at fractions of the capacity the closed loop measured (per
    transport), each request with a deadline (``timeout`` parameter) of ``--deadline-factor``
-   × the raw batch-of-one latency.
+   × the raw batch-of-one latency;
+4. for ``--policy-models``, the dispatch-policy comparison (``benchlib.policies``): one Poisson
+   trace per rate in ``--policy-rates`` replayed over a stream under the adaptive policy and
+   each fixed queue-delay timer, deadline ``--policy-deadline-factor`` × the raw run time of
+   a full batch (``max_batch_size`` rows).
 
 Each point reports achieved rows/s, p50/p90/p99 latency (ms, send → answer), errors by
 status, deadline misses, the server's mean batch size (ModelStatistics deltas), the ratio of
@@ -39,6 +43,7 @@ from ..client import CHANNEL_OPTIONS
 from .benchlib.cpu import cpu_seconds
 from .benchlib.load import LoadGenerator, Window
 from .benchlib.plots import plot_batches, plot_latency
+from .benchlib.policies import DEFAULT_POLICIES, PolicyChoice, format_policy_table, get_policy, parse_policies, policy_targets, set_policy
 from .benchlib.raw import measure_raw
 from .benchlib.report import MODES, Measurement, Point, RawReference, check_targets, format_header, format_row, format_tables, summarize
 from .benchlib.workload import CORPUS, Workload, build_workload, load_texts, poisson_arrivals
@@ -47,6 +52,9 @@ from .process import ServerProcess
 DEFAULT_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 SETTLE_S = 0.2
 """Pause between points (seconds) so that one point's tail does not run into the next."""
+POLICY_MODE = "policy"
+"""The ``--modes`` item that runs the dispatch-policy comparison."""
+ALL_MODES = (*MODES, POLICY_MODE)
 SCHEDULE_SLACK_S = 1.0
 """Open loop: seconds of arrivals drawn beyond warm-up + window (the window ends on a
 measured clock, so the schedule must outlast it)."""
@@ -68,13 +76,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory (default: bench-results)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"shared data directory with {CORPUS} (default: ../shared/data beside the repository)")
     parser.add_argument("--models", type=_names, default=["tiny", "minilm"], help="models to drive, comma-separated (default: tiny,minilm)")
-    parser.add_argument("--modes", type=_names, default=list(MODES), help=f"sweeps to run, comma-separated (default: {','.join(MODES)})")
+    parser.add_argument("--modes", type=_names, default=list(ALL_MODES), help=f"sweeps to run, comma-separated (default: {','.join(ALL_MODES)})")
     parser.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 64], help="closed loop: callers (unary) or requests in flight (stream) per point (default: 1,4,16,64)")
     parser.add_argument("--rates", type=_floats, default=[0.5, 0.8, 1.0], help="open loop: arrival rates as fractions of the measured capacity (default: 0.5,0.8,1.0)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per point (default: 5)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each point's window (default: 1)")
     parser.add_argument("--raw-duration", type=float, default=1.5, help="seconds per batch size of the raw reference (default: 1.5)")
     parser.add_argument("--deadline-factor", type=float, default=4.0, help="open loop: request deadline as a multiple of the raw batch-of-one latency (default: 4)")
+    parser.add_argument("--policy-models", type=_names, default=["minilm"], help="models of the policy comparison (mode 'policy'), comma-separated (default: minilm)")
+    parser.add_argument("--policies", type=parse_policies, default=parse_policies(DEFAULT_POLICIES), help=f"policy comparison: 'adaptive' and 'fixed:<queue delay ms>' items (default: {DEFAULT_POLICIES})")
+    parser.add_argument("--policy-rates", type=_floats, default=[0.5, 0.8], help="policy comparison: arrival rates as fractions of the measured stream capacity (default: 0.5,0.8)")
+    parser.add_argument("--policy-deadline-factor", type=float, default=1.0, help="policy comparison: request deadline as a multiple of the raw run time of a full batch (default: 1)")
     parser.add_argument("--requests", type=int, default=1024, help="distinct prebuilt requests per model (default: 1024)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the Poisson arrivals (default: 0)")
 
@@ -83,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark; returns 0 when every point ran (targets missed or not)."""
     started = time.perf_counter()
     load_before = os.getloadavg()
-    unknown = [m for m in args.modes if m not in MODES]
+    unknown = [m for m in args.modes if m not in ALL_MODES]
     if unknown:
-        raise SystemExit(f"unknown mode(s) {unknown}; choose from {','.join(MODES)}")
+        raise SystemExit(f"unknown mode(s) {unknown}; choose from {','.join(ALL_MODES)}")
     rng = np.random.default_rng(args.seed)
     texts = load_texts(args.data, args.requests, rng) if (args.data / CORPUS).is_file() else []
     workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng) for m in args.models}
@@ -96,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
     print()
     print(format_tables(points, raws))
-    targets = check_targets(points, raws)
+    print(format_policy_table(points))
+    targets = check_targets(points, raws) + policy_targets(points)
     print("targets:")
     for target in targets:
         print("  " + target.line())
@@ -143,6 +156,10 @@ async def _bench(
                 async for point in _sweep(args, gen, workload, raw, mode, points, rng):
                     points.append(point)
                     print(f"{model:8} {mode:13} {format_row(point)}", flush=True)
+            if POLICY_MODE in args.modes and model in args.policy_models:
+                async for point in _policies(args, channel, gen, workload, raw, points, rng):
+                    points.append(point)
+                    print(f"{model:8} {point.policy:13} {format_row(point)}", flush=True)
     return raws, points
 
 
@@ -157,11 +174,7 @@ async def _sweep(
     stream = transport == "stream"
 
     def point(load: float, fraction: float | None, deadline_us: int | None, window: Window) -> Point:
-        return summarize(Measurement(
-            model=model, mode=mode, load=load, fraction=fraction, window_s=window.seconds, rows_per_request=1,
-            latency_us=window.latency_us, codes=window.codes, late=window.late, deadline_us=deadline_us,
-            send_lag_us=window.send_lag_us, before=window.before, after=window.after,
-        ), raw.best.rows_per_s)
+        return _point(model, mode, load, fraction, deadline_us, window, raw)
 
     if loop == "closed":
         messages = workload.messages(max(len(workload.requests), max(args.concurrency) + 1), with_ids=stream)
@@ -171,10 +184,7 @@ async def _sweep(
             await asyncio.sleep(SETTLE_S)
         return
 
-    # Open loop: capacity is the best the closed loop reached over the same transport (one
-    # row per request, so rows/s = requests/s), else the raw engine's best.
-    closed = [p.rows_per_s for p in done if p.model == model and p.mode == f"closed-{transport}"]
-    capacity = max(closed) if closed else raw.best.rows_per_s
+    capacity = _capacity(model, transport, raw, done)
     deadline_us = max(1, round(args.deadline_factor * raw.batch1_ms * 1000))
     for fraction in args.rates:
         rate = fraction * capacity
@@ -185,6 +195,49 @@ async def _sweep(
             window = await gen.open_unary(model, workload.messages(timeout_us=deadline_us), arrivals, deadline_us / 1e6)
         yield point(rate, fraction, deadline_us, window)
         await asyncio.sleep(SETTLE_S)
+
+
+def _capacity(model: str, transport: str, raw: RawReference, done: list[Point]) -> float:
+    """Requests/s the closed loop reached over ``transport`` (one row per request), else the
+    raw engine's best rows/s."""
+    closed = [p.rows_per_s for p in done if p.model == model and p.mode == f"closed-{transport}"]
+    return max(closed) if closed else raw.best.rows_per_s
+
+
+async def _policies(
+    args: argparse.Namespace, channel: grpc.aio.Channel, gen: LoadGenerator, workload: Workload, raw: RawReference,
+    done: list[Point], rng: np.random.Generator,
+) -> AsyncIterator[Point]:
+    """The policy comparison for one model: per rate one trace, replayed under each policy."""
+    model = workload.spec.name
+    capacity = _capacity(model, "stream", raw, done)
+    full = raw.sizes[-1]  # batch_sizes() ends at max_batch_size
+    deadline_us = max(1, round(args.policy_deadline_factor * full.p50_ms * 1000))
+    original = await get_policy(channel, model)
+    choices: list[PolicyChoice] = args.policies
+    try:
+        for k, fraction in enumerate(args.policy_rates):
+            rate = fraction * capacity
+            arrivals = poisson_arrivals(rate, args.warmup + args.duration + SCHEDULE_SLACK_S, rng)
+            messages = workload.messages(len(arrivals), with_ids=True, timeout_us=deadline_us)
+            # Every other rate in reverse order, so that no policy always runs first (a warmer
+            # or quieter machine early in a rate would favour it).
+            for choice in choices if k % 2 == 0 else choices[::-1]:
+                await set_policy(channel, model, choice.adaptive, choice.max_queue_delay_us)
+                window = await gen.open_stream(model, messages, arrivals, deadline_us / 1e6)
+                yield _point(model, POLICY_MODE, rate, fraction, deadline_us, window, raw, policy=choice.label)
+                await asyncio.sleep(SETTLE_S)
+    finally:
+        await set_policy(channel, model, original.adaptive, original.max_queue_delay_us)
+
+
+def _point(model: str, mode: str, load: float, fraction: float | None, deadline_us: int | None, window: Window,
+           raw: RawReference, policy: str | None = None) -> Point:
+    return summarize(Measurement(
+        model=model, mode=mode, load=load, fraction=fraction, window_s=window.seconds, rows_per_request=1,
+        latency_us=window.latency_us, codes=window.codes, late=window.late, deadline_us=deadline_us,
+        send_lag_us=window.send_lag_us, before=window.before, after=window.after, policy=policy,
+    ), raw.best.rows_per_s)
 
 
 def _machine() -> dict[str, object]:

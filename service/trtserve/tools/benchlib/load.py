@@ -16,7 +16,7 @@ import asyncio
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -79,6 +79,18 @@ def _stream_code(response: pb.ModelStreamInferResponse) -> str:
         return "OK"
     params = response.infer_response.parameters
     return params["error_code"].string_param if "error_code" in params else "UNKNOWN"
+
+
+async def _on_schedule(arrivals: np.ndarray, stop: asyncio.Event) -> AsyncIterator[tuple[int, float]]:
+    """Yield ``(k, scheduled time)`` at each of ``arrivals`` (seconds from now), until ``stop``."""
+    base = time.perf_counter()
+    for k, offset in enumerate(arrivals):
+        delay = base + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if stop.is_set():
+            return
+        yield k, base + offset
 
 
 class LoadGenerator:
@@ -224,15 +236,10 @@ class LoadGenerator:
             recorder.add(scheduled, sent, time.perf_counter(), code, deadline_s)
 
         async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
-            calls = []
-            base = time.perf_counter()
-            for k, offset in enumerate(arrivals):
-                delay = base + offset - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if stop.is_set():
-                    break
-                calls.append(asyncio.ensure_future(one(messages[k % len(messages)], base + offset, recorder)))
+            calls = [
+                asyncio.ensure_future(one(messages[k % len(messages)], at, recorder))
+                async for k, at in _on_schedule(arrivals, stop)
+            ]
             await asyncio.gather(*calls)
 
         return await self._measure(model, drive)
@@ -255,14 +262,8 @@ class LoadGenerator:
 
             reader = asyncio.ensure_future(read())
             try:
-                base = time.perf_counter()
-                for k, offset in enumerate(arrivals):
-                    delay = base + offset - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    if stop.is_set():
-                        break
-                    scheduled[k], sent[k] = base + offset, time.perf_counter()
+                async for k, at in _on_schedule(arrivals, stop):
+                    scheduled[k], sent[k] = at, time.perf_counter()
                     await call.write(messages[k])
                 await call.done_writing()
                 await reader

@@ -1,10 +1,9 @@
 """The raw reference: the model's ONNX file run directly in ONNX Runtime, no server.
 
-Same file, same session settings as the server's default (those of
-:class:`~trtserve.runtimes.onnxruntime.OnnxRuntimeBackend` at ``--intra-op-threads 0``: CPU
-execution provider, ``intra_op_num_threads`` 0 and ``inter_op_num_threads`` 0, ONNX
-Runtime's own choice of one thread per core; keep the two in step), same rows packed the
-same way, at batch sizes 1, 2, 4, … max_batch_size. Run it while the server is idle.
+Same file, same session settings as the server's default
+(:func:`~trtserve.runtimes.onnxruntime.session_options` at ``--intra-op-threads 0``: CPU
+execution provider, one thread per core, no spinning), same rows packed the same way, at
+batch sizes 1, 2, 4, … max_batch_size. Run it while the server is idle.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import time
 import onnxruntime as ort
 
 from ...runtimes.base import Tensors
-from ...runtimes.onnxruntime import engine_tensors
+from ...runtimes.onnxruntime import engine_tensors, session_options
 from .report import RawReference, RawSize
 from .workload import Workload
 
@@ -38,10 +37,7 @@ def measure_raw(workload: Workload, seconds_per_size: float) -> RawReference:
     The time of each size is spread over :data:`ROUNDS` rounds through all sizes, so that
     a stretch of load from elsewhere on the machine weighs on every size alike.
     """
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 0
-    options.inter_op_num_threads = 0
-    session = ort.InferenceSession(str(workload.onnx_path), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(workload.onnx_path), session_options(), providers=["CPUExecutionProvider"])
     engine_inputs, _ = engine_tensors(session, True, workload.onnx_path)
     output_names = [o.name for o in session.get_outputs()]
     feeds: dict[int, list[Tensors]] = {}

@@ -68,6 +68,7 @@ class Measurement:
         send_lag_us: open loop: per request, microseconds the generator sent it after its
             scheduled arrival (how well it kept to the Poisson schedule); empty otherwise.
         before, after: counters at the start of the window and after the last answer.
+        policy: the dispatch policy the server ran (policy comparison points); else None.
     """
 
     model: str
@@ -83,6 +84,7 @@ class Measurement:
     send_lag_us: np.ndarray
     before: Snapshot
     after: Snapshot
+    policy: str | None = None
 
 
 def percentiles_ms(latency_us: np.ndarray, qs: Sequence[float] = PERCENTILES) -> dict[int | float, float | None]:
@@ -186,6 +188,7 @@ class Point:
             of the server and of the bench process.
         send_lag_p99_ms: open loop: p99 of how late the generator sent a request after its
             scheduled arrival (ms); None for the closed loop.
+        policy: as in :class:`Measurement`.
     """
 
     model: str
@@ -210,6 +213,7 @@ class Point:
     server_cpu_us_per_request: float | None
     client_cpu_us_per_request: float | None
     send_lag_p99_ms: float | None
+    policy: str | None = None
 
 
 def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
@@ -251,6 +255,7 @@ def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
         server_cpu_us_per_request=per_request_us(m.after.server_cpu_s - m.before.server_cpu_s),
         client_cpu_us_per_request=per_request_us(m.after.client_cpu_s - m.before.client_cpu_s),
         send_lag_p99_ms=percentiles_ms(m.send_lag_us, (99,))[99],
+        policy=m.policy,
     )
 
 
@@ -285,7 +290,8 @@ def _pick(points: Sequence[Point], model: str, mode: str, load: float | None = N
     return None
 
 
-def _fmt(v: float | None, spec: str = ".1f") -> str:
+def fmt(v: float | None, spec: str = ".1f") -> str:
+    """``v`` formatted with ``spec``; ``-`` for None."""
     return "-" if v is None else format(v, spec)
 
 
@@ -302,7 +308,7 @@ def check_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) -> 
         stretch = "stretch met" if r is not None and r >= SATURATION_STRETCH else f"stretch {SATURATION_STRETCH:.2f} not met"
         targets.append(Target(name, verdict, (
             f"{top.rows_per_s:.1f} rows/s ({top.mode} c={top.load:g}) / "
-            f"{raw.best.rows_per_s:.1f} rows/s (raw batch {raw.best.batch}) = {_fmt(r, '.3f')}; {stretch}"
+            f"{raw.best.rows_per_s:.1f} rows/s (raw batch {raw.best.batch}) = {fmt(r, '.3f')}; {stretch}"
         )))
     else:
         targets.append(Target(name, "SKIP", "needs the model's closed-loop points"))
@@ -323,8 +329,8 @@ def check_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) -> 
             targets.append(Target(name, "SKIP", f"needs {mode} at concurrency {OVERHEAD_CONCURRENCY}"))
             continue
         targets.append(Target(name, "INFO", (
-            f"{p.requests_per_s:.0f} req/s, server CPU {_fmt(p.server_cpu_us_per_request, '.0f')} us/request, "
-            f"bench client CPU {_fmt(p.client_cpu_us_per_request, '.0f')} us/request"
+            f"{p.requests_per_s:.0f} req/s, server CPU {fmt(p.server_cpu_us_per_request, '.0f')} us/request, "
+            f"bench client CPU {fmt(p.client_cpu_us_per_request, '.0f')} us/request"
         )))
 
     opened = sorted({(p.model, p.mode) for p in points if p.mode.startswith("open")})
@@ -337,7 +343,7 @@ def check_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) -> 
         share = p.deadline_misses / p.requests
         verdict = "PASS" if share <= MAX_MISS_FRACTION else "MISS"
         targets.append(Target(name, verdict, (
-            f"{p.deadline_misses} of {p.requests} ({share:.1%}) missed the {_fmt(p.deadline_ms, '.2f')} ms deadline "
+            f"{p.deadline_misses} of {p.requests} ({share:.1%}) missed the {fmt(p.deadline_ms, '.2f')} ms deadline "
             f"({p.late_answers} answered late) at {p.load:.0f} req/s"
         )))
     return targets
@@ -365,9 +371,9 @@ def format_row(p: Point) -> str:
     """One point as a table line (see :data:`COLUMNS`)."""
     errors = ", ".join(f"{code} {n}" for code, n in p.errors.items()) or "-"
     cells = (
-        load_label(p), _fmt(p.rows_per_s), _fmt(p.p50_ms, ".2f"), _fmt(p.p90_ms, ".2f"), _fmt(p.p99_ms, ".2f"),
-        errors, str(p.deadline_misses), _fmt(p.mean_batch, ".2f"), _fmt(p.ratio, ".2f"),
-        _fmt(p.server_cpu_us_per_request, ".0f"), _fmt(p.client_cpu_us_per_request, ".0f"),
+        load_label(p), fmt(p.rows_per_s), fmt(p.p50_ms, ".2f"), fmt(p.p90_ms, ".2f"), fmt(p.p99_ms, ".2f"),
+        errors, str(p.deadline_misses), fmt(p.mean_batch, ".2f"), fmt(p.ratio, ".2f"),
+        fmt(p.server_cpu_us_per_request, ".0f"), fmt(p.client_cpu_us_per_request, ".0f"),
     )
     return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, (_, w)) in enumerate(zip(cells, COLUMNS)))
 
