@@ -21,12 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+from .client import AUTH_TOKEN_ENV
 from .server import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT
 
 log = logging.getLogger("trtserve")
 
 ENV_PREFIX = "TRTSERVE_"
-AUTH_TOKEN_ENV = "TRTSERVE_AUTH_TOKEN"
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 

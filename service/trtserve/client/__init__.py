@@ -20,6 +20,7 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -90,17 +91,74 @@ def parse_response(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     return result
 
 
+AUTH_TOKEN_ENV = "TRTSERVE_AUTH_TOKEN"
+"""Environment variable with the bearer token, read by ``trtserve serve`` and ``trtserve bulk``
+when no ``--auth-token-file`` is given."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How to reach a server started with TLS and/or a bearer token (all optional).
+
+    Attributes:
+        root_certificates: PEM of the CA that signed the server's certificate; any TLS
+            field set means TLS (a server started with ``--tls-cert``).
+        private_key, certificate_chain: PEM of this client's key and certificate, for a server
+            that requires client certificates (``--tls-ca``, mutual TLS).
+        token: sent as ``authorization: Bearer <token>`` metadata on every call (a server
+            started with ``--auth-token-file``; without it such a server answers UNAUTHENTICATED).
+    """
+
+    root_certificates: bytes | None = None
+    private_key: bytes | None = None
+    certificate_chain: bytes | None = None
+    token: str | None = None
+
+    @classmethod
+    def from_files(cls, ca: Path | None = None, cert: Path | None = None, key: Path | None = None,
+                   token_file: Path | None = None) -> Credentials:
+        """Read PEM files and a token file (its first line); None for any not given.
+
+        Raises:
+            OSError: a file cannot be read.
+        """
+        token = token_file.read_text().strip() if token_file is not None else None
+        return cls(*(p.read_bytes() if p is not None else None for p in (ca, key, cert)), token=token or None)
+
+    @property
+    def tls(self) -> bool:
+        """Whether to connect with TLS."""
+        return any((self.root_certificates, self.private_key, self.certificate_chain))
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """``grpc.ssl_channel_credentials`` for a TLS server; None for plaintext."""
+        if not self.tls:
+            return None
+        return grpc.ssl_channel_credentials(self.root_certificates, self.private_key, self.certificate_chain)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Call metadata: the ``authorization`` header when there is a token."""
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+
 class Client:
     """A blocking client over one gRPC channel (thread-safe; reuse it).
 
     Args:
         url: ``host:port`` of the server.
         channel_options: extra gRPC channel options.
+        credentials: TLS and/or token (:class:`Credentials`); None: plaintext, no token.
     """
 
-    def __init__(self, url: str, channel_options: list[tuple[str, object]] | None = None) -> None:
-        self.channel = grpc.insecure_channel(url, options=CHANNEL_OPTIONS + list(channel_options or []))
+    def __init__(self, url: str, channel_options: list[tuple[str, object]] | None = None, *,
+                 credentials: Credentials | None = None) -> None:
+        options = CHANNEL_OPTIONS + list(channel_options or [])
+        credentials = credentials or Credentials()
+        tls = credentials.channel_credentials()
+        self.channel = grpc.secure_channel(url, tls, options=options) if tls else grpc.insecure_channel(url, options=options)
         self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
+        self.metadata = credentials.metadata
 
     def __enter__(self) -> Client:
         return self
@@ -114,8 +172,8 @@ class Client:
     def is_ready(self, model: str = "") -> bool:
         """Whether the server (or ``model``) is ready to take requests."""
         if model:
-            return self.stub.ModelReady(pb.ModelReadyRequest(name=model)).ready
-        return self.stub.ServerReady(pb.ServerReadyRequest()).ready
+            return self.stub.ModelReady(pb.ModelReadyRequest(name=model), metadata=self.metadata).ready
+        return self.stub.ServerReady(pb.ServerReadyRequest(), metadata=self.metadata).ready
 
     def infer(
         self,
@@ -132,7 +190,7 @@ class Client:
             grpc.RpcError: with the server's status (INVALID_ARGUMENT, DEADLINE_EXCEEDED, ...).
         """
         request = build_request(model, inputs, outputs=outputs, priority=priority)
-        return parse_response(self.stub.ModelInfer(request, timeout=timeout))
+        return parse_response(self.stub.ModelInfer(request, timeout=timeout, metadata=self.metadata))
 
     def stream_infer(
         self,
@@ -163,7 +221,7 @@ class Client:
                 yield build_request(model, inputs, request_id=request_id, timeout_us=timeout_us)
 
         responses: queue.Queue[object] = queue.Queue()
-        call = self.stub.ModelStreamInfer(requests())
+        call = self.stub.ModelStreamInfer(requests(), metadata=self.metadata)
 
         def pump() -> None:
             try:
@@ -189,4 +247,4 @@ class Client:
             call.cancel()
 
 
-__all__ = ["Client", "InferError", "build_request", "parse_response"]
+__all__ = ["Client", "Credentials", "InferError", "build_request", "parse_response"]

@@ -41,7 +41,7 @@ def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backe
             inter_op_threads=options.inter_op_threads,
             cpu_mem_arena=_flag(spec, "ort_cpu_mem_arena", True),
             mem_pattern=_flag(spec, "ort_mem_pattern", True),
-            spinning=_flag(spec, "ort_intra_op_spinning", False),
+            spinning=_flag(spec, "ort_intra_op_spinning", True),
         )
     if spec.platform == "python":
         from .python import PythonBackend

@@ -63,10 +63,10 @@ class OnnxRuntimeBackend:
         mem_pattern: let ORT plan and cache a memory pattern per input shape (ORT's default;
             config parameter ``ort_mem_pattern``); variable shapes gain nothing from it.
         spinning: let ORT's intra-op threads busy-wait for work between operators (ORT's
-            default; config parameter ``ort_intra_op_spinning``). Off here: on a CPU shared
-            with the server's own threads (gRPC, tokenizers, other slots) a spinning thread
-            burns the core another thread needs; on 2 cores, turning it off raised minilm's
-            served throughput 1.5-2x (see README, "ONNX Runtime settings").
+            default; config parameter ``ort_intra_op_spinning``). Spinning buys latency and
+            throughput with CPU time; on a host shared with other busy processes (or under a
+            container CPU quota) a spinning thread burns the core another thread needs, and
+            ``"false"`` is better (see README, "ONNX Runtime settings", for both measured).
 
     Raises:
         BackendError: the file cannot be loaded, or has an input/output type with no
@@ -84,7 +84,7 @@ class OnnxRuntimeBackend:
         inter_op_threads: int = 0,
         cpu_mem_arena: bool = True,
         mem_pattern: bool = True,
-        spinning: bool = False,
+        spinning: bool = True,
     ) -> None:
         import onnxruntime as ort
 
@@ -162,7 +162,7 @@ def session_options(
     inter_op_threads: int = 0,
     cpu_mem_arena: bool = True,
     mem_pattern: bool = True,
-    spinning: bool = False,
+    spinning: bool = True,
 ) -> onnxruntime.SessionOptions:
     """ONNX Runtime session options as the server sets them (see :class:`OnnxRuntimeBackend`
     for each argument); the bench's raw reference uses the same, so the two stay in step.

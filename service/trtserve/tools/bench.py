@@ -85,8 +85,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deadline-factor", type=float, default=4.0, help="open loop: request deadline as a multiple of the raw batch-of-one latency (default: 4)")
     parser.add_argument("--policy-models", type=_names, default=["minilm"], help="models of the policy comparison (mode 'policy'), comma-separated (default: minilm)")
     parser.add_argument("--policies", type=parse_policies, default=parse_policies(DEFAULT_POLICIES), help=f"policy comparison: 'adaptive' and 'fixed:<queue delay ms>' items (default: {DEFAULT_POLICIES})")
-    parser.add_argument("--policy-rates", type=_floats, default=[0.5, 0.8], help="policy comparison: arrival rates as fractions of the measured stream capacity (default: 0.5,0.8)")
-    parser.add_argument("--policy-deadline-factor", type=float, default=1.0, help="policy comparison: request deadline as a multiple of the raw run time of a full batch (default: 1)")
+    parser.add_argument("--policy-rates", type=_floats, default=[0.8], help="policy comparison: arrival rates as fractions of the measured stream capacity (default: 0.8)")
+    parser.add_argument("--policy-deadline-factor", type=float, default=3.0, help="policy comparison: request deadline as a multiple of the raw run time of a full batch (default: 3, the ratio of the simulator comparison: 10 ms deadline, 3.6 ms full batch)")
+    parser.add_argument("--policy-rounds", type=int, default=3, help="policy comparison: sweeps over every (rate, policy), order alternating (default: 3)")
+    parser.add_argument("--policy-duration", type=float, default=3.0, help="policy comparison: seconds measured per point (default: 3)")
     parser.add_argument("--requests", type=int, default=1024, help="distinct prebuilt requests per model (default: 1024)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the Poisson arrivals (default: 0)")
 
@@ -215,18 +217,21 @@ async def _policies(
     deadline_us = max(1, round(args.policy_deadline_factor * full.p50_ms * 1000))
     original = await get_policy(channel, model)
     choices: list[PolicyChoice] = args.policies
+    traces = []
+    for fraction in args.policy_rates:
+        arrivals = poisson_arrivals(fraction * capacity, gen.warmup_s + args.policy_duration + SCHEDULE_SLACK_S, rng)
+        traces.append((fraction, arrivals, workload.messages(len(arrivals), with_ids=True, timeout_us=deadline_us)))
+    measure = gen.with_duration(args.policy_duration)
     try:
-        for k, fraction in enumerate(args.policy_rates):
-            rate = fraction * capacity
-            arrivals = poisson_arrivals(rate, args.warmup + args.duration + SCHEDULE_SLACK_S, rng)
-            messages = workload.messages(len(arrivals), with_ids=True, timeout_us=deadline_us)
-            # Every other rate in reverse order, so that no policy always runs first (a warmer
-            # or quieter machine early in a rate would favour it).
-            for choice in choices if k % 2 == 0 else choices[::-1]:
-                await set_policy(channel, model, choice.adaptive, choice.max_queue_delay_us)
-                window = await gen.open_stream(model, messages, arrivals, deadline_us / 1e6)
-                yield _point(model, POLICY_MODE, rate, fraction, deadline_us, window, raw, policy=choice.label)
-                await asyncio.sleep(SETTLE_S)
+        for r in range(args.policy_rounds):
+            for k, (fraction, arrivals, messages) in enumerate(traces):
+                # Alternate the order (by rate and by round), so that no policy always runs first:
+                # a warmer or quieter machine early in a sweep would favour it.
+                for choice in choices if (k + r) % 2 == 0 else choices[::-1]:
+                    await set_policy(channel, model, choice.adaptive, choice.max_queue_delay_us)
+                    window = await measure.open_stream(model, messages, arrivals, deadline_us / 1e6)
+                    yield _point(model, POLICY_MODE, fraction * capacity, fraction, deadline_us, window, raw, policy=choice.label)
+                    await asyncio.sleep(SETTLE_S)
     finally:
         await set_policy(channel, model, original.adaptive, original.max_queue_delay_us)
 

@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
+
+from ..client import AUTH_TOKEN_ENV, Credentials
 
 log = logging.getLogger("trtserve.bulk")
 
@@ -53,6 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop if no row is answered for this many seconds (default: 300)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr is not a TTY)")
     parser.add_argument("--summary-json", type=Path, help="also write the final summary as JSON here")
+    secure = parser.add_argument_group("TLS and auth (a server started with --tls-cert / --auth-token-file)")
+    secure.add_argument("--tls-ca", type=Path, help="PEM of the CA that signed the servers' certificates: connect with TLS")
+    secure.add_argument("--tls-cert", type=Path, help="PEM certificate of this client (mutual TLS; with --tls-key)")
+    secure.add_argument("--tls-key", type=Path, help="PEM key of this client (mutual TLS; with --tls-cert)")
+    secure.add_argument("--auth-token-file", type=Path, help="file whose first line is the bearer token (default: $TRTSERVE_AUTH_TOKEN)")
     ray = parser.add_argument_group("Ray Data (pip install 'trtserve[ray]')")
     ray.add_argument("--ray", action="store_true", help="run on Ray: actors host the model in-process (from --model-repository)")
     ray.add_argument("--ray-address", help="an existing cluster (e.g. ray://head:10001 or auto); default: start a local Ray")
@@ -68,6 +77,16 @@ def run(args: argparse.Namespace) -> int:
     from .bulklib.sink import ResumeError
     from .bulklib.source import InputError
 
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("trtserve bulk: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    try:
+        credentials = Credentials.from_files(args.tls_ca, args.tls_cert, args.tls_key, args.auth_token_file)
+    except OSError as exc:
+        print(f"trtserve bulk: cannot read a TLS or token file: {exc}", file=sys.stderr)
+        return 2
+    if credentials.token is None and os.environ.get(AUTH_TOKEN_ENV):
+        credentials = dataclasses.replace(credentials, token=os.environ[AUTH_TOKEN_ENV])
     cfg = JobConfig(
         input=Path(args.input),
         model=args.model,
@@ -86,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         max_retries=args.max_retries,
         stall_timeout=args.stall_timeout,
         progress=not args.no_progress,
+        credentials=credentials,
     )
     remote = args.ray and "://" in args.input
     if not remote and not cfg.input.exists():

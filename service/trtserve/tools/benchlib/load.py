@@ -13,6 +13,7 @@ seconds; latency runs from sending a request to its answer.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import time
 from collections import deque
@@ -119,6 +120,12 @@ class LoadGenerator:
         self._server_cpu_s = server_cpu_s
         self.warmup_s = warmup_s
         self.duration_s = duration_s
+
+    def with_duration(self, duration_s: float) -> LoadGenerator:
+        """The same generator (channel, counters, warm-up) with another window length."""
+        other = copy.copy(self)
+        other.duration_s = duration_s
+        return other
 
     async def model_ready(self, model: str) -> bool:
         """Whether the server serves ``model`` (ModelReady)."""

@@ -2,7 +2,7 @@
 
 Same file, same session settings as the server's default
 (:func:`~trtserve.runtimes.onnxruntime.session_options` at ``--intra-op-threads 0``: CPU
-execution provider, one thread per core, no spinning), same rows packed the same way, at
+execution provider, one thread per core, ORT's thread spinning), same rows packed the same way, at
 batch sizes 1, 2, 4, … max_batch_size. Run it while the server is idle.
 """
 

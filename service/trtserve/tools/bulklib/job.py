@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from ..._proto.inference import grpc_service_pb2 as pb
 from ..._proto.inference import grpc_service_pb2_grpc as pb_grpc
-from ...client import CHANNEL_OPTIONS, build_request, parse_response
+from ...client import CHANNEL_OPTIONS, Credentials, build_request, parse_response
 from ...protocol.datatypes import DATATYPES
 from .sink import ErrorLog, OutputSpec, PartStore, ResumeError, RowBuffer, output_schema
 from .source import InputSpec, Row, RowEncoder, count_rows, detect_format, open_batches, parse_input_columns, stack_rows
@@ -93,6 +93,7 @@ class JobConfig:
     stall_timeout: float = 300.0
     progress: bool = True
     read_batch_rows: int = 4096
+    credentials: Credentials = field(default_factory=Credentials)
 
     @property
     def errors_path(self) -> Path:
@@ -152,10 +153,13 @@ class Message:
 class Endpoint:
     """One server: its channel, stream state and what it holds unanswered."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, credentials: Credentials) -> None:
         self.url = url
-        self.channel = grpc.aio.insecure_channel(url, options=BULK_CHANNEL_OPTIONS)
+        tls = credentials.channel_credentials()
+        self.channel = (grpc.aio.secure_channel(url, tls, options=BULK_CHANNEL_OPTIONS) if tls
+                        else grpc.aio.insecure_channel(url, options=BULK_CHANNEL_OPTIONS))
         self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
+        self.metadata = credentials.metadata
         self.inflight: dict[str, Message] = {}
         self.outstanding_rows = 0
         self.send_q: asyncio.Queue[pb.ModelInferRequest] = asyncio.Queue()
@@ -187,7 +191,7 @@ class BulkJob:
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.done: asyncio.Future[None] = loop.create_future()
-        self.endpoints = [Endpoint(url) for url in cfg.endpoints]
+        self.endpoints = [Endpoint(url, cfg.credentials) for url in cfg.endpoints]
         self.work: asyncio.Queue[Message] = asyncio.Queue()
         self.capacity_changed = asyncio.Event()
         self.budget_changed = asyncio.Event()
@@ -289,8 +293,8 @@ class BulkJob:
             errors = []
             for ep in self.endpoints:
                 try:
-                    meta = await ep.stub.ModelMetadata(pb.ModelMetadataRequest(name=cfg.model), timeout=10)
-                    config = (await ep.stub.ModelConfig(pb.ModelConfigRequest(name=cfg.model), timeout=10)).config
+                    meta = await ep.stub.ModelMetadata(pb.ModelMetadataRequest(name=cfg.model), timeout=10, metadata=ep.metadata)
+                    config = (await ep.stub.ModelConfig(pb.ModelConfigRequest(name=cfg.model), timeout=10, metadata=ep.metadata)).config
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() == grpc.StatusCode.NOT_FOUND:
                         raise BulkError(f"{ep.url}: {exc.details()}") from None
@@ -321,7 +325,7 @@ class BulkJob:
 
         async def one(ep: Endpoint) -> tuple[int, int] | None:
             try:
-                r = await ep.stub.ModelStatistics(pb.ModelStatisticsRequest(name=self.cfg.model), timeout=5)
+                r = await ep.stub.ModelStatistics(pb.ModelStatisticsRequest(name=self.cfg.model), timeout=5, metadata=ep.metadata)
             except grpc.aio.AioRpcError:
                 return None
             s = r.model_stats[0] if r.model_stats else None
@@ -468,7 +472,7 @@ class BulkJob:
         """Open a stream when there is something to send; on a break, hand its messages back."""
         while True:
             first = await ep.send_q.get()
-            call = ep.stub.ModelStreamInfer()
+            call = ep.stub.ModelStreamInfer(metadata=ep.metadata)
             reader = asyncio.ensure_future(self._read_stream(ep, call))
             writer = asyncio.ensure_future(self._write_stream(call, ep, first))
             try:
