@@ -11,7 +11,7 @@ import pytest
 from fakes import FakeBackend, rows
 from trtserve.batching.config import BatchingPolicy, QueuePolicy, TimeoutAction
 from trtserve.batching.dispatcher import Dispatcher
-from trtserve.batching.policy import DEADLINE_MARGIN_S
+from trtserve.batching.policy import DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE
 from trtserve.clock import FakeClock, settle
 from trtserve.errors import BackendError, QueueFull, RequestTimeout, ShuttingDown
 
@@ -113,6 +113,22 @@ async def test_deadline_sends_a_partial_batch_early():
     assert backend.batches[0][0] == pytest.approx(last_start, abs=1e-9)
     await clock.advance(0.010)
     assert fut.result()[0]["y"][0, 0] == 2.0
+
+
+async def test_the_deadline_margin_is_a_share_of_a_short_budget():
+    # A 20 ms budget: the margin is 25 % of it (5 ms), not the full 10 ms, so a fixed timer can
+    # still wait: the batch goes at t + 20 − 2 − 5 ms.
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8, max_queue_delay=1.0, adaptive=False))
+    d.latency.observe(1, 0.002)
+    d.latency.observe(8, 0.002)
+    start = clock.now()
+    d.submit(rows(1), deadline=start + 0.020)
+    last_start = start + 0.020 - 0.002 - DEADLINE_MARGIN_SHARE * 0.020
+    await clock.advance(last_start - start - 0.001)
+    assert backend.sizes() == []
+    await clock.advance(0.002)
+    assert backend.sizes() == [1]
+    assert backend.batches[0][0] == pytest.approx(last_start, abs=1e-9)
 
 
 async def test_expired_requests_are_answered_and_never_run():

@@ -62,6 +62,20 @@ def test_lower_bound_sits_at_the_fast_end_and_survives_a_slow_spell():
     assert 0.026 < model.lower_bound(1) < 0.030
 
 
+def test_on_a_noiseless_engine_the_low_estimate_is_the_curve():
+    """Rows vary within each bucket, so centroids move; the low estimate moves with them and
+    never drifts below the curve (else rows would be batched that then finish late)."""
+    curve = affine(0.002, 0.0001)
+    rng = np.random.default_rng(2)
+    model = LatencyModel()
+    for _ in range(2000):
+        b = int(rng.integers(1, 17))
+        model.observe(b, curve(b))
+    for b in range(1, 17):
+        assert model.lower_bound(b) == pytest.approx(model.predict(b), rel=1e-9)
+        assert model.predict(b) == pytest.approx(curve(b), rel=1e-9)
+
+
 async def test_a_request_the_mean_would_refuse_is_admitted_and_answered():
     clock = FakeClock()
     backend = FakeBackend(clock, latency=lambda r: 0.010)
@@ -83,6 +97,17 @@ def test_simulation_adaptive_meets_deadlines_and_beats_every_fixed_timer_at_80_p
     assert adaptive.miss_rate <= 0.01
     assert adaptive.goodput >= max(r.goodput for r in results.values())
     assert adaptive.ran_after_deadline == 0 and adaptive.late_engine_seconds == 0
+
+
+def test_simulation_fixed_timers_do_wait_so_the_comparison_means_something():
+    """At 20 % load a 10 ms timer waits (larger batches, later answers) and the adaptive policy
+    does not: the safety margin must not forbid every wait on a 10 ms deadline."""
+    results = compare(fixed=0.002, per_row=0.0001, max_batch_size=16, deadline=0.010, loads=[0.2],
+                      timers=[0.010], duration=0.6)[0.2]
+    timer, adaptive = results["fixed 10 ms"], results["adaptive"]
+    assert timer.mean_batch > 1.5 * adaptive.mean_batch
+    assert timer.p50_ms > adaptive.p50_ms + 1.0
+    assert timer.late_engine_seconds == adaptive.late_engine_seconds == 0
 
 
 def test_simulation_at_5_percent_load_never_waits():

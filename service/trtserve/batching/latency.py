@@ -86,12 +86,17 @@ class LatencyModel:
             table[bucket(rows)] = [float(rows), value, value]
             self._points[lb] = [table[b] for b in sorted(table)]
             return
-        expected = _interpolate(self._points[lb], rows)
+        points = self._points[lb]
+        expected = _interpolate(points, rows)
         value = min(max(value, expected / self._clip), expected * self._clip)
-        # The sample moved along the mean curve to the centroid's rows, for the low estimate.
+        # The low estimate: the sample moved along the mean curve to the centroid's rows; then,
+        # as the centroid's rows move, the low estimate moves along the curve with them (else
+        # it would drift below the curve on a noiseless engine).
         low = max(value + point[1] - expected, 0.0)
         point[2] = low if low < point[2] else point[2] + self._rise * (low - point[2])
-        point[0] += self._alpha * (rows - point[0])
+        moved = point[0] + self._alpha * (rows - point[0])
+        point[2] += _interpolate(points, moved) - point[1]  # before the centroid moves
+        point[0] = moved
         point[1] += self._alpha * (value - point[1])
 
     def predict(self, rows: int, length: int = 1) -> float:

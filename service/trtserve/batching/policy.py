@@ -19,7 +19,7 @@
    ``max_queue_delay`` is zero or the largest preferred size is reached. Otherwise it waits —
    for that batch size (adaptive) or for ``max_queue_delay`` (fixed) — but never past the
    moment a selected row would miss its deadline given the predicted run time of the larger
-   batch. An arrival or a freed slot wakes the dispatcher sooner.
+   batch, less a safety :func:`margin`. An arrival or a freed slot wakes the dispatcher sooner.
 
 It reads no clock and changes nothing; the dispatcher applies the :class:`Decision`.
 """
@@ -39,8 +39,11 @@ from .queue import QueueEntry
 URGENT_RUNS = 2.0
 # A wait for more rows ends this long before the last moment the predicted run time allows,
 # so that a late wake-up of the event loop, the hand-off to the slot's thread and writing the
-# answer do not push the batch's members past their deadlines (C10).
+# answer do not push the batch's members past their deadlines (C10) ...
 DEADLINE_MARGIN_S = 0.010
+# ... but never more than this share of a request's own budget (deadline - arrival): a 10 ms
+# margin on a 10 ms deadline would forbid every wait.
+DEADLINE_MARGIN_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
     target = _target_rows(rows, length, inputs, policy, latency)
     if target <= rows:
         return Decision(expired, batch, None)
-    wait_until = min(e.deadline for e, _ in batch) - latency.predict(target, length) - DEADLINE_MARGIN_S
+    wait_until = min(e.deadline - margin(e) for e, _ in batch) - latency.predict(target, length)
     if policy.adaptive:
         wait_until = min(wait_until, now + (target - rows) / inputs.arrival_rate)
     if policy.max_queue_delay > 0:
@@ -125,6 +128,12 @@ def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
         return Decision(expired, batch, None)
     wake = wait_until if expiry_wake is None else min(wait_until, expiry_wake)
     return Decision(expired, (), wake)
+
+
+def margin(entry: QueueEntry) -> float:
+    """Seconds a wait for more rows keeps clear of ``entry``'s deadline: :data:`DEADLINE_MARGIN_S`,
+    at most :data:`DEADLINE_MARGIN_SHARE` of its budget (deadline − arrival)."""
+    return min(DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE * (entry.deadline - entry.arrival))
 
 
 class _OneRow:
