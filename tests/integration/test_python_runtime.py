@@ -269,3 +269,18 @@ def test_minilm_torch_equals_the_onnx_model(server):
         onnx_emb = c.infer("minilm", {"TEXT": texts})["EMBEDDING"]
     assert torch_emb.shape == onnx_emb.shape == (100, 384)
     assert np.abs(torch_emb - onnx_emb).max() <= 1e-4
+
+
+def test_the_readme_example_model_scale_serves_and_is_batch_safe(server, engines):
+    import asyncio
+
+    from trtserve.tools.check import check_model
+
+    rows = [np.arange(n, dtype=np.float32)[np.newaxis] for n in (3, 7)]
+    with server.client() as c:
+        for x in rows:
+            assert c.infer("scale", {"X": x}, timeout=30)["Y"].tolist() == (3 * x).tolist()
+        streamed = dict(c.stream_infer("scale", [{"X": x} for x in rows]))
+    assert [streamed[str(i)]["Y"].tolist() for i in range(2)] == [(3 * x).tolist() for x in rows]
+    report = asyncio.run(check_model(engines, "scale", samples=16))
+    assert report.ok and report.mean_batch_size > 1

@@ -14,7 +14,7 @@ from trtserve.batching.config import BatchingPolicy
 from trtserve.batching.dispatcher import CAP_REFRESH_BATCHES, Dispatcher
 from trtserve.batching.latency import LatencyModel
 from trtserve.batching.policy import adaptive_cap
-from trtserve.batching.simulate import affine, poisson_trace, simulate
+from trtserve.batching.simulate import affine, bursty_trace, poisson_trace, simulate
 from trtserve.clock import FakeClock, settle
 from trtserve.tools.simulate import compare
 
@@ -108,6 +108,12 @@ def test_simulation_fixed_timers_do_wait_so_the_comparison_means_something():
     assert timer.mean_batch > 1.5 * adaptive.mean_batch
     assert timer.p50_ms > adaptive.p50_ms + 1.0
     assert timer.late_engine_seconds == adaptive.late_engine_seconds == 0
+
+
+def test_bursty_trace_keeps_the_mean_rate_inside_the_bursts():
+    t = bursty_trace(1000.0, 4.0, period=0.1, duty=0.25, seed=3)
+    assert len(t) == pytest.approx(4000, rel=0.05)
+    assert np.all((t % 0.1) < 0.025 + 1e-12) and np.all(np.diff(t) >= 0)
 
 
 def test_simulation_at_5_percent_load_never_waits():

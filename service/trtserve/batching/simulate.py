@@ -97,8 +97,9 @@ def poisson_trace(rate: float, duration: float, seed: int = 0) -> np.ndarray:
 
 
 def bursty_trace(rate: float, duration: float, period: float = 0.1, duty: float = 0.25, seed: int = 0) -> np.ndarray:
-    """Arrivals of mean ``rate`` per second, all in the first ``duty`` of each ``period``."""
-    t = poisson_trace(rate, duration * duty, seed)
+    """Arrivals of mean ``rate`` per second, all in the first ``duty`` of each ``period``
+    (Poisson at ``rate / duty`` inside the bursts)."""
+    t = poisson_trace(rate / duty, duration * duty, seed)
     cycle = np.floor(t / (period * duty))
     return np.sort(cycle * period + (t - cycle * period * duty))
 

@@ -10,22 +10,29 @@ import argparse
 
 from google.protobuf import json_format
 
-FLAGS = {
-    # flag → BatchingPolicy field
-    "max_batch_size": int,
-    "max_queue_delay_us": int,
-    "default_timeout_us": int,
-    "max_queue_size": int,
-    "priority_aging_us": int,
-}
+FLAGS = (
+    # flags → BatchingPolicy fields (unsigned integers)
+    "max_batch_size",
+    "max_queue_delay_us",
+    "default_timeout_us",
+    "max_queue_size",
+    "priority_aging_us",
+)
 SWITCHES = ("adaptive", "adaptive_batch_size", "length_bucketing")
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model name")
     parser.add_argument("--url", default="127.0.0.1:8001", help="server address (default: 127.0.0.1:8001)")
-    for field, kind in FLAGS.items():
-        parser.add_argument(f"--{field.replace('_', '-')}", dest=field, type=kind, help=f"set {field}")
+    for field in FLAGS:
+        parser.add_argument(f"--{field.replace('_', '-')}", dest=field, type=_non_negative, help=f"set {field}")
     for field in SWITCHES:
         parser.add_argument(f"--{field.replace('_', '-')}", dest=field, choices=["true", "false"], help=f"set {field}")
 
