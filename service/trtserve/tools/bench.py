@@ -223,6 +223,9 @@ async def _policies(
         traces.append((fraction, arrivals, workload.messages(len(arrivals), with_ids=True, timeout_us=deadline_us)))
     measure = gen.with_duration(args.policy_duration)
     try:
+        # One unmeasured replay first: the previous sweep's tail (an overloaded open loop) must
+        # not land on whichever policy happens to be measured first.
+        await measure.open_stream(model, traces[0][2], traces[0][1], deadline_us / 1e6)
         for r in range(args.policy_rounds):
             for k, (fraction, arrivals, messages) in enumerate(traces):
                 # Alternate the order (by rate and by round), so that no policy always runs first:
