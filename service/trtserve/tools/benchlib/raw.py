@@ -32,7 +32,7 @@ def batch_sizes(max_batch_size: int) -> list[int]:
 def measure_raw(workload: Workload, seconds_per_size: float) -> RawReference:
     """Time ``session.run`` alone (inputs prebuilt, cycling over different rows) for about
     ``seconds_per_size`` seconds of wall time (at least :data:`MIN_RUNS` runs) at each batch
-    size; rows/s is the batch over the median run time (:attr:`RawSize.rows_per_s`).
+    size; rows/s is rows over the summed run times (:attr:`RawSize.rows_per_s`).
 
     The time of each size is spread over :data:`ROUNDS` rounds through all sizes, so that
     a stretch of load from elsewhere on the machine weighs on every size alike.

