@@ -7,8 +7,9 @@ with ``trtserve.v1.ModelControl/SetPolicy`` (fields ``adaptive`` and ``max_queue
 which applies from the next batch, and every point starts with the bench's unmeasured warm-up.
 The model's own policy is restored at the end.
 
-The whole sweep runs ``rounds`` times, alternating the order of the policies (a policy first in
-one round is last in the next), and each policy is summarized over its rounds: goodput
+After one unmeasured replay of the first trace (so that the previous sweep's tail lands on no
+policy), the whole sweep runs ``rounds`` times, alternating the order of the policies (a policy
+first in one round is last in the next), and each policy is summarized over its rounds: goodput
 (answers OK within their deadline, per second), deadline misses (DEADLINE_EXCEEDED answers plus
 OK answers after the deadline) as a share of requests, mean batch size, p50/p99 latency. On a
 2-core machine shared by server and load generator, two runs of one policy on one trace can
