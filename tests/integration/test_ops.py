@@ -583,6 +583,47 @@ def test_bulk_job_over_mutual_tls_with_a_token(make_server, tmp_path, certs):
     half = [str(a) for a in command if str(a) != str(files["client_key"]) and a != "--tls-key"]
     refused = subprocess.run(half, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--tls-cert and --tls-key go together" in refused.stderr
+    # A wrong token stops the job at once (retrying cannot help), naming the status.
+    (tmp_path / "wrong").write_text("nope\nsecond line\n")  # only the first line is the token
+    wrong = [str(a) if a != tmp_path / "token" else str(tmp_path / "wrong") for a in command]
+    t0 = time.monotonic()
+    stopped = subprocess.run(wrong + ["--output", str(tmp_path / "other.parquet")], capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 1 and "UNAUTHENTICATED" in stopped.stderr, stopped.stderr
+    assert time.monotonic() - t0 < 60  # not the 300 s stall timeout
+    (tmp_path / "empty").write_text("")
+    empty = [str(a) if a != tmp_path / "token" else str(tmp_path / "empty") for a in command]
+    refused = subprocess.run(empty, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "is empty" in refused.stderr
+
+
+def test_bulk_job_stops_on_sigterm_while_no_server_answers(tmp_path):
+    """While the bulk job waits for a server to come up (retrying UNAVAILABLE), SIGTERM stops it
+    at once with exit code 1, not after the stall timeout."""
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "a", "x": [1.0]}) + "\n")
+    proc = subprocess.Popen([sys.executable, "-m", "trtserve", "bulk", "--input", str(tmp_path / "in.jsonl"),
+                             "--model", "ident", "--input-column", "INPUT0=x", "--endpoint", f"127.0.0.1:{free_port()}",
+                             "--output", str(tmp_path / "out.parquet"), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while "retrying" not in line:  # it is in the discovery loop
+            assert time.monotonic() < deadline
+            line = proc.stderr.readline()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "interrupted by SIGTERM" in err
+    assert "never retrieved" not in err
+
+
+def test_credentials_refuse_a_token_that_cannot_be_a_header(tmp_path):
+    for bad in ("", "two words", "line\nbreak", "caf\u00e9"):
+        with pytest.raises(ValueError, match="printable ASCII"):
+            Credentials(token=bad)
+    (tmp_path / "t").write_text("  s3cret  \nignored\n")
+    assert Credentials.from_files(token_file=tmp_path / "t").token == "s3cret"
 
 
 # -- per-request caps -------------------------------------------------------------------------

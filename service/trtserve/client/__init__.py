@@ -114,16 +114,30 @@ class Credentials:
     certificate_chain: bytes | None = None
     token: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.token is not None and (not self.token or not self.token.isascii() or not self.token.isprintable()
+                                       or any(c.isspace() for c in self.token)):
+            raise ValueError("the bearer token must be non-empty printable ASCII without spaces "
+                             "(it travels as an HTTP/2 header value)")
+
     @classmethod
-    def from_files(cls, ca: Path | None = None, cert: Path | None = None, key: Path | None = None,
-                   token_file: Path | None = None) -> Credentials:
-        """Read PEM files and a token file (its first line); None for any not given.
+    def from_files(cls, ca: Path | str | None = None, cert: Path | str | None = None, key: Path | str | None = None,
+                   token_file: Path | str | None = None) -> Credentials:
+        """Read PEM files, and the bearer token from the first line of ``token_file`` (surrounding
+        whitespace stripped); None for any not given.
 
         Raises:
             OSError: a file cannot be read.
+            ValueError: the token file's first line is empty, or not a valid token.
         """
-        token = token_file.read_text().strip() if token_file is not None else None
-        return cls(*(p.read_bytes() if p is not None else None for p in (ca, key, cert)), token=token or None)
+        token = None
+        if token_file is not None:
+            lines = Path(token_file).read_text().splitlines()
+            token = lines[0].strip() if lines else ""
+            if not token:
+                raise ValueError(f"the token file {token_file} is empty")
+        pems = (Path(p).read_bytes() if p is not None else None for p in (ca, key, cert))
+        return cls(*pems, token=token)
 
     @property
     def tls(self) -> bool:

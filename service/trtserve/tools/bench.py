@@ -61,11 +61,31 @@ measured clock, so the schedule must outlast it)."""
 
 
 def _floats(text: str) -> list[float]:
-    return [float(v) for v in text.split(",") if v.strip()]
+    values = [float(v) for v in text.split(",") if v.strip()]
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers separated by commas, got '{text}'")
+    return values
 
 
 def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 1 separated by commas, got '{text}'")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _policy_list(text: str) -> list[PolicyChoice]:
+    try:
+        return parse_policies(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _names(text: str) -> list[str]:
@@ -84,10 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--raw-duration", type=float, default=1.5, help="seconds per batch size of the raw reference (default: 1.5)")
     parser.add_argument("--deadline-factor", type=float, default=4.0, help="open loop: request deadline as a multiple of the raw batch-of-one latency (default: 4)")
     parser.add_argument("--policy-models", type=_names, default=["minilm"], help="models of the policy comparison (mode 'policy'), comma-separated (default: minilm)")
-    parser.add_argument("--policies", type=parse_policies, default=parse_policies(DEFAULT_POLICIES), help=f"policy comparison: 'adaptive' and 'fixed:<queue delay ms>' items (default: {DEFAULT_POLICIES})")
+    parser.add_argument("--policies", type=_policy_list, default=parse_policies(DEFAULT_POLICIES), help=f"policy comparison: 'adaptive' and 'fixed:<queue delay ms>' items (default: {DEFAULT_POLICIES})")
     parser.add_argument("--policy-rates", type=_floats, default=[0.5, 0.8], help="policy comparison: arrival rates as fractions of the measured stream capacity (default: 0.5,0.8)")
     parser.add_argument("--policy-deadline-factor", type=float, default=3.0, help="policy comparison: request deadline as a multiple of the raw run time of a full batch (default: 3, the ratio of the simulator comparison: 10 ms deadline, 3.6 ms full batch)")
-    parser.add_argument("--policy-rounds", type=int, default=2, help="policy comparison: sweeps over every (rate, policy), order alternating (default: 2)")
+    parser.add_argument("--policy-rounds", type=_positive_int, default=2, help="policy comparison: sweeps over every (rate, policy), order alternating (default: 2)")
     parser.add_argument("--policy-duration", type=float, default=3.0, help="policy comparison: seconds measured per point (default: 3)")
     parser.add_argument("--requests", type=int, default=1024, help="distinct prebuilt requests per model (default: 1024)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the Poisson arrivals (default: 0)")
@@ -100,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in args.modes if m not in ALL_MODES]
     if unknown:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {','.join(ALL_MODES)}")
+    if args.modes == [POLICY_MODE] and not set(args.models) & set(args.policy_models):
+        raise SystemExit(f"mode 'policy' runs only for --policy-models ({','.join(args.policy_models)}), "
+                         f"none of which is in --models ({','.join(args.models)})")
     rng = np.random.default_rng(args.seed)
     texts = load_texts(args.data, args.requests, rng) if (args.data / CORPUS).is_file() else []
     workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng) for m in args.models}

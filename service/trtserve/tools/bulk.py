@@ -82,11 +82,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         credentials = Credentials.from_files(args.tls_ca, args.tls_cert, args.tls_key, args.auth_token_file)
+        if credentials.token is None and os.environ.get(AUTH_TOKEN_ENV, "").strip():
+            credentials = dataclasses.replace(credentials, token=os.environ[AUTH_TOKEN_ENV].strip())
     except OSError as exc:
         print(f"trtserve bulk: cannot read a TLS or token file: {exc}", file=sys.stderr)
         return 2
-    if credentials.token is None and os.environ.get(AUTH_TOKEN_ENV):
-        credentials = dataclasses.replace(credentials, token=os.environ[AUTH_TOKEN_ENV])
+    except ValueError as exc:
+        print(f"trtserve bulk: {exc}", file=sys.stderr)
+        return 2
     cfg = JobConfig(
         input=Path(args.input),
         model=args.model,

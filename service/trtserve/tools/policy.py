@@ -7,32 +7,36 @@ changed, and the change applies to the next batch the model's dispatcher forms.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from google.protobuf import json_format
 
-FLAGS = (
-    # flags → BatchingPolicy fields (unsigned integers)
-    "max_batch_size",
-    "max_queue_delay_us",
-    "default_timeout_us",
-    "max_queue_size",
-    "priority_aging_us",
-)
+FLAGS = {
+    # flag → width of its BatchingPolicy field (unsigned)
+    "max_batch_size": 32,
+    "max_queue_delay_us": 64,
+    "default_timeout_us": 64,
+    "max_queue_size": 32,
+    "priority_aging_us": 64,
+}
 SWITCHES = ("adaptive", "adaptive_batch_size", "length_bucketing")
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def _unsigned(bits: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if not 0 <= value < 1 << bits:
+            raise argparse.ArgumentTypeError(f"must be in 0..{(1 << bits) - 1}, got {value}")
+        return value
+
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model name")
     parser.add_argument("--url", default="127.0.0.1:8001", help="server address (default: 127.0.0.1:8001)")
-    for field in FLAGS:
-        parser.add_argument(f"--{field.replace('_', '-')}", dest=field, type=_non_negative, help=f"set {field}")
+    for field, bits in FLAGS.items():
+        parser.add_argument(f"--{field.replace('_', '-')}", dest=field, type=_unsigned(bits), help=f"set {field}")
     for field in SWITCHES:
         parser.add_argument(f"--{field.replace('_', '-')}", dest=field, choices=["true", "false"], help=f"set {field}")
 

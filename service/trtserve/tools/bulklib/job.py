@@ -34,7 +34,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,7 +213,7 @@ class BulkJob:
             except (NotImplementedError, RuntimeError):
                 pass
         try:
-            await self._discover()
+            await self._until_done(self._discover())
             self.fmt = detect_format(cfg.input, cfg.input_format)
             self.encoder = RowEncoder(self.inputs, self.mapping, cfg.id_column)
             self.store = PartStore(cfg.output)
@@ -280,6 +280,17 @@ class BulkJob:
 
     # -- model discovery and statistics -----------------------------------------------------------
 
+    async def _until_done(self, step: Awaitable[None]) -> None:
+        """Run ``step``, but stop at once if the job fails meanwhile (a signal, see ``run``):
+        raises the job's error then."""
+        task = asyncio.ensure_future(step)
+        await asyncio.wait((task, self.done), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self.done.result()  # raises the failure that ended the wait
+        task.result()
+
     async def _discover(self) -> None:
         """Read the model's inputs, outputs and max_batch_size from the first endpoint that answers.
 
@@ -296,8 +307,8 @@ class BulkJob:
                     meta = await ep.stub.ModelMetadata(pb.ModelMetadataRequest(name=cfg.model), timeout=10, metadata=ep.metadata)
                     config = (await ep.stub.ModelConfig(pb.ModelConfigRequest(name=cfg.model), timeout=10, metadata=ep.metadata)).config
                 except grpc.aio.AioRpcError as exc:
-                    if exc.code() == grpc.StatusCode.NOT_FOUND:
-                        raise BulkError(f"{ep.url}: {exc.details()}") from None
+                    if exc.code().name in FATAL_CODES:  # retrying cannot help (unknown model, bad token, ...)
+                        raise BulkError(f"{ep.url}: {exc.code().name}: {exc.details()}") from None
                     errors.append(f"{ep.url}: {exc.code().name}: {exc.details()}")
                     continue
                 self.max_batch_size = config.max_batch_size
