@@ -139,3 +139,19 @@ def test_minilm_metadata_is_the_client_facing_interface(server):
         meta = c.stub.ModelMetadata(pb.ModelMetadataRequest(name="minilm"))
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("TEXT", "BYTES", [-1, 1])]
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [("EMBEDDING", "FP32", [-1, 384])]
+
+
+def test_statistics_count_a_multi_text_request_once(server):
+    """The handler fans one request out into a segment per text; ModelStatistics still counts
+    requests (Triton's meaning): one success and one compute_infer for a 3-text request."""
+    texts = np.array([[b"A man plays a guitar."], [b"Someone plays music."], [b"A dog runs."]], dtype=object)
+
+    def counts(c) -> tuple[int, int]:
+        stats = c.stub.ModelStatistics(pb.ModelStatisticsRequest(name="minilm")).model_stats[0].inference_stats
+        return stats.success.count, stats.compute_infer.count
+
+    with server.client() as c:
+        before = counts(c)
+        c.infer("minilm", {"TEXT": texts}, timeout=60)
+        after = counts(c)
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)

@@ -235,7 +235,8 @@ class Dispatcher:
             outputs = await self.backend.run(slot, batch)
             elapsed = self.clock.now() - start
             self.latency.observe(batch.rows, elapsed, length)
-            self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length, real=real, requests=len(pieces))
+            self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length, real=real,
+                                    requests=len({id(p.entry) for p in pieces}))
             self._refresh_cap(length)
             self._deliver(pieces, batch, outputs)
         except TrtServeError as exc:

@@ -88,7 +88,8 @@ class DispatchStats:
 
         Args:
             padded: elements run, padding included; ``real``: the elements requests carried.
-            requests: request pieces in the batch (each is charged the batch's run time).
+            requests: requests with rows in the batch, each counted once however many segments
+                or pieces it has there (each is charged the batch's run time).
         """
         self.batches += 1
         self.rows += rows
