@@ -51,10 +51,11 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from .batching.stats import DURATION_BUCKETS, DispatchStats, Histogram
+from .batching.stats import DURATION_BUCKETS, Histogram
 from .clock import Clock, wall_time_ns
 
 if TYPE_CHECKING:
+    from .batching.dispatcher import Dispatcher
     from .repository import Repository
 
 UNKNOWN_MODEL = "_unknown"
@@ -186,20 +187,18 @@ class TrtServeCollector:
             late[model] = entry.finished_late
             if model != UNKNOWN_MODEL:
                 rejected.add_metric([model, "queue_full"], entry.queue_full)
-        for name, stats in self._stats():
+        for name, dispatcher in self._dispatchers():
+            stats = dispatcher.stats
             deadline.add_metric([name, "before_run"], stats.expired_before_run)
             # finished_late: the dispatcher answered DEADLINE_EXCEEDED while the batch ran, or
             # the answer was ready (OK) only after the deadline.
             deadline.add_metric([name, "finished_late"], stats.finished_late + late.get(name, 0))
         yield from (count, duration, deadline, rejected)
 
-    def _stats(self) -> list[tuple[str, DispatchStats]]:
-        out = []
-        for name, entry in sorted(list(self.repository.models.items())):
-            served = entry.served
-            if served is not None:
-                out.append((name, served.dispatcher.stats))
-        return out
+    def _dispatchers(self) -> list[tuple[str, Dispatcher]]:
+        """(name, dispatcher) of every loaded model, by name."""
+        return [(name, entry.served.dispatcher) for name, entry in sorted(list(self.repository.models.items()))
+                if entry.served is not None]
 
     def _models(self) -> Iterator[Metric]:
         queue_time = HistogramMetricFamily("trtserve_queue_duration_seconds", "Time from queueing a request to its first rows running.", labels=["model"])
@@ -232,9 +231,8 @@ class TrtServeCollector:
         for name, entry in sorted(list(self.repository.models.items())):
             healthy = entry.served is None or entry.served.dispatcher.healthy
             ready.add_metric([name], 1.0 if entry.state.value == "READY" and healthy else 0.0)
-        for name, stats in self._stats():
-            served = self.repository.models[name].served
-            dispatcher = served.dispatcher if served is not None else None
+        for name, dispatcher in self._dispatchers():
+            stats = dispatcher.stats
             labels = [name]
             counts, total = stats.queue.snapshot()
             _histogram(queue_time, labels, counts, total, stats.queue.bounds)
@@ -246,22 +244,21 @@ class TrtServeCollector:
                 index = next((i for i, b in enumerate(BATCH_ROW_BUCKETS) if size <= b), len(BATCH_ROW_BUCKETS))
                 per_bucket[index] += runs
             _histogram(batch, labels, per_bucket, float(sum(size * runs for size, runs in sizes.items())), BATCH_ROW_BUCKETS)
-            n_slots = dispatcher.backend.slots if dispatcher is not None else 0
-            if dispatcher is not None:
-                depth.add_metric(labels, len(dispatcher.queue.entries))
-                queued_rows.add_metric(labels, getattr(dispatcher.queue, "queued_rows", 0))
-                slots.add_metric(labels, n_slots)
-                busy_now.add_metric(labels, n_slots - dispatcher.idle_slots)
-                unhealthy.add_metric(labels, len(dispatcher.unhealthy_slots))
-                arrival.add_metric(labels, dispatcher.arrivals.rate(now))
-                cap.add_metric(labels, dispatcher.cap)
-                for length in dispatcher.latency.lengths:
-                    for rows, seconds in dispatcher.latency.curve(length).items():
-                        predicted.add_metric([name, str(rows), str(length)], seconds)
+            n_slots = dispatcher.backend.slots
+            depth.add_metric(labels, len(dispatcher.queue.entries))
+            queued_rows.add_metric(labels, dispatcher.queue.queued_rows)
+            slots.add_metric(labels, n_slots)
+            busy_now.add_metric(labels, n_slots - dispatcher.idle_slots)
+            unhealthy.add_metric(labels, len(dispatcher.unhealthy_slots))
+            arrival.add_metric(labels, dispatcher.arrivals.rate(now))
+            cap.add_metric(labels, dispatcher.cap)
+            for length in dispatcher.latency.lengths:
+                for rows, seconds in dispatcher.latency.curve(length).items():
+                    predicted.add_metric([name, str(rows), str(length)], seconds)
             busy = stats.compute_seconds
             busy_total.add_metric(labels, busy)
             then, busy_then = self._last_busy.get(name, (None, 0.0))
-            if then is not None and now > then and n_slots:
+            if then is not None and now > then:
                 busy_ratio.add_metric(labels, min(1.0, max(0.0, (busy - busy_then) / (n_slots * (now - then)))))
             self._last_busy[name] = (now, busy)
             padding.add_metric(labels, stats.padding_ratio)

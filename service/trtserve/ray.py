@@ -43,20 +43,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .tools.bulklib.sink import OutputSpec
-from .tools.bulklib.source import InputSpec, Row, RowEncoder, parse_input_columns, stack_rows
+from .spec import TensorSpec
+from .tools.bulklib.sink import to_arrow
+from .tools.bulklib.source import Row, RowEncoder, parse_input_columns, stack_rows
 
 ERROR_CODE_COLUMN = "trtserve_error_code"
 ERROR_COLUMN = "trtserve_error"
 
 
-def model_io(model_repository: Path, model: str) -> tuple[Any, list[InputSpec], list[OutputSpec]]:
+def model_io(model_repository: Path, model: str) -> tuple[Any, list[TensorSpec], list[TensorSpec]]:
     """(spec, inputs, outputs) of a repository model, read from its config (no engine loaded)."""
     from .repository import load_spec
 
     spec = load_spec(Path(model_repository) / model)
-    inputs = [InputSpec(t.name, t.datatype.name, t.datatype.numpy, t.dims) for t in spec.inputs]
-    outputs = [OutputSpec(t.name, t.datatype.name, t.datatype.numpy, t.dims) for t in spec.outputs]
+    inputs, outputs = list(spec.inputs), list(spec.outputs)
     return spec, inputs, outputs
 
 
@@ -147,7 +147,7 @@ class TrtserveModel:
         columns: dict[str, np.ndarray] = {}
         for o in self.outputs:
             shape = tuple(1 if d == -1 else d for d in o.dims)
-            columns[o.name] = np.zeros((n, *shape), dtype=o.dtype)
+            columns[o.name] = np.zeros((n, *shape), dtype=o.datatype.numpy)
         for i, (seq, _key, row) in enumerate(encoded):
             if isinstance(row, str):
                 codes[i], texts[i] = "INVALID_ARGUMENT", row
@@ -163,7 +163,7 @@ class TrtserveModel:
         names = [self.id_column]
         valid = pa.array(ok)
         for o in self.outputs:
-            arr = o.to_arrow(columns[o.name])
+            arr = to_arrow(o, columns[o.name])
             arrays.append(pc.if_else(valid, arr, pa.nulls(n, arr.type)))
             names.append(o.name)
         arrays += [pa.array(codes, pa.string()), pa.array(texts, pa.string())]

@@ -101,15 +101,7 @@ class LatencyModel:
 
     def predict(self, rows: int, length: int = 1) -> float:
         """Predicted run time in seconds of a batch of ``rows`` rows (>= 1) padded to ``length``."""
-        if not self._lengths:
-            return self._seed
-        lb = bucket(length)
-        i = bisect.bisect_left(self._lengths, lb)
-        if i < len(self._lengths) and self._lengths[i] == lb:
-            return _interpolate(self._points[lb], max(rows, 1))
-        # Nearest measured length bucket, scaled in proportion to the length.
-        near = min(self._lengths, key=lambda b: abs(b.bit_length() - lb.bit_length()))
-        return _interpolate(self._points[near], max(rows, 1)) * lb / near
+        return self._estimate(rows, length, MEAN, scale_up=True)
 
     def lower_bound(self, rows: int, length: int = 1) -> float:
         """What a batch of ``rows`` rows padded to ``length`` needs at least: the low
@@ -120,13 +112,19 @@ class LatencyModel:
         measured (run time mostly fixed overhead, far from proportional to length), or a row
         arriving after a few slow batches, into a false DEADLINE_EXCEEDED; decisions that only
         *refuse* use this, decisions that wait use the cautious :meth:`predict`."""
+        return self._estimate(rows, length, LOW, scale_up=False)
+
+    def _estimate(self, rows: int, length: int, column: int, *, scale_up: bool) -> float:
         if not self._lengths:
             return self._seed
         lb = bucket(length)
-        if lb in self._tables:
-            return _interpolate(self._points[lb], max(rows, 1), LOW)
+        if lb in self._points:
+            return _interpolate(self._points[lb], max(rows, 1), column)
+        # Nearest measured length bucket, scaled in proportion to the length (down only,
+        # unless ``scale_up``).
         near = min(self._lengths, key=lambda b: abs(b.bit_length() - lb.bit_length()))
-        return _interpolate(self._points[near], max(rows, 1), LOW) * min(1.0, lb / near)
+        factor = lb / near if scale_up else min(1.0, lb / near)
+        return _interpolate(self._points[near], max(rows, 1), column) * factor
 
     def curve(self, length: int = 1) -> dict[int, float]:
         """Row bucket → predicted seconds of a batch of that many rows at ``length``

@@ -46,8 +46,9 @@ from ..._proto.inference import grpc_service_pb2 as pb
 from ..._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from ...client import CHANNEL_OPTIONS, Credentials, build_request, parse_response
 from ...protocol.datatypes import DATATYPES
-from .sink import ErrorLog, OutputSpec, PartStore, ResumeError, RowBuffer, output_schema
-from .source import InputSpec, Row, RowEncoder, count_rows, detect_format, open_batches, parse_input_columns, stack_rows
+from ...spec import TensorSpec
+from .sink import ErrorLog, PartStore, ResumeError, RowBuffer, output_schema
+from .source import Row, RowEncoder, count_rows, detect_format, open_batches, parse_input_columns, stack_rows
 
 log = logging.getLogger("trtserve.bulk")
 
@@ -315,8 +316,8 @@ class BulkJob:
                 batched = config.max_batch_size > 0
                 self.batched = batched
                 cut = 1 if batched else 0
-                self.inputs = [InputSpec(t.name, t.datatype, DATATYPES[t.datatype].numpy, tuple(t.shape[cut:])) for t in meta.inputs]
-                self.outputs = [OutputSpec(t.name, t.datatype, DATATYPES[t.datatype].numpy, tuple(t.shape[cut:])) for t in meta.outputs]
+                self.inputs = [TensorSpec(t.name, DATATYPES[t.datatype], tuple(t.shape[cut:])) for t in meta.inputs]
+                self.outputs = [TensorSpec(t.name, DATATYPES[t.datatype], tuple(t.shape[cut:])) for t in meta.outputs]
                 self.mapping = parse_input_columns(list(cfg.input_columns), [t.name for t in self.inputs])
                 per_message = cfg.rows_per_message or max(config.max_batch_size, 1)
                 self.rows_per_message = per_message if batched else 1

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -33,49 +32,45 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ...spec import TensorSpec
+
 MODEL_KEY = b"trtserve.model"
 
 
-@dataclass(frozen=True)
-class OutputSpec:
-    """One model output: name, KServe datatype name, numpy dtype and dims (without batch)."""
+def arrow_type(tensor: TensorSpec) -> pa.DataType:
+    """The output file's column type for a model output (dims without the batch): a scalar for
+    dims () or (1,), else a list (fixed size unless a dim is variable); BYTES as binary."""
+    value = pa.binary() if tensor.datatype.name == "BYTES" else pa.from_numpy_dtype(tensor.datatype.numpy)
+    if tensor.dims == (1,) or tensor.dims == ():
+        return value
+    if -1 in tensor.dims:
+        return pa.list_(value)
+    return pa.list_(value, int(np.prod(tensor.dims)))
 
-    name: str
-    datatype: str
-    dtype: np.dtype
-    dims: tuple[int, ...]
 
-    def arrow_type(self) -> pa.DataType:
-        value = pa.binary() if self.datatype == "BYTES" else pa.from_numpy_dtype(self.dtype)
-        if self.dims == (1,) or self.dims == ():
-            return value
-        if -1 in self.dims:
-            return pa.list_(value)
-        return pa.list_(value, int(np.prod(self.dims)))
-
-    def to_arrow(self, arr: np.ndarray) -> pa.Array:
-        """Rows of ``arr`` ([rows, *dims]) as this column (each row flattened)."""
-        rows = arr.shape[0]
-        t = self.arrow_type()
-        if self.datatype == "BYTES":
-            if not pa.types.is_list(t) and not pa.types.is_fixed_size_list(t):
-                return pa.array(list(arr.reshape(rows)), type=t)
-            return pa.array([list(r.reshape(-1)) for r in arr], type=t)
+def to_arrow(tensor: TensorSpec, arr: np.ndarray) -> pa.Array:
+    """Rows of ``arr`` ([rows, *dims]) as the output's column (each row flattened)."""
+    rows = arr.shape[0]
+    t = arrow_type(tensor)
+    if tensor.datatype.name == "BYTES":
         if not pa.types.is_list(t) and not pa.types.is_fixed_size_list(t):
-            return pa.array(arr.reshape(rows))
-        flat = np.ascontiguousarray(arr).reshape(rows, -1)
-        if pa.types.is_fixed_size_list(t):
-            return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
-        offsets = np.arange(rows + 1, dtype=np.int32) * flat.shape[1]
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.reshape(-1)))
+            return pa.array(list(arr.reshape(rows)), type=t)
+        return pa.array([list(r.reshape(-1)) for r in arr], type=t)
+    if not pa.types.is_list(t) and not pa.types.is_fixed_size_list(t):
+        return pa.array(arr.reshape(rows))
+    flat = np.ascontiguousarray(arr).reshape(rows, -1)
+    if pa.types.is_fixed_size_list(t):
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+    offsets = np.arange(rows + 1, dtype=np.int32) * flat.shape[1]
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.reshape(-1)))
 
 
-def output_schema(id_column: str, id_type: pa.DataType, outputs: Sequence[OutputSpec], model: str) -> pa.Schema:
+def output_schema(id_column: str, id_type: pa.DataType, outputs: Sequence[TensorSpec], model: str) -> pa.Schema:
     """The output file's schema: the id, then each output; the model name in the metadata."""
     names = [o.name for o in outputs]
     if id_column in names:
         raise ValueError(f"the id column '{id_column}' has the name of a model output; rename it")
-    fields = [pa.field(id_column, id_type, nullable=False)] + [pa.field(o.name, o.arrow_type()) for o in outputs]
+    fields = [pa.field(id_column, id_type, nullable=False)] + [pa.field(o.name, arrow_type(o)) for o in outputs]
     return pa.schema(fields, metadata={MODEL_KEY: model.encode()})
 
 
@@ -243,7 +238,7 @@ class ErrorLog:
 class RowBuffer:
     """Answered rows collected in memory until the next flush (one part, one row group)."""
 
-    def __init__(self, id_type: pa.DataType, outputs: Sequence[OutputSpec], schema: pa.Schema) -> None:
+    def __init__(self, id_type: pa.DataType, outputs: Sequence[TensorSpec], schema: pa.Schema) -> None:
         self.id_type = id_type
         self.outputs = outputs
         self.schema = schema
@@ -262,7 +257,7 @@ class RowBuffer:
         """The buffered rows as a table; empties the buffer."""
         columns = [pa.array(self.ids, type=self.id_type)]
         for o in self.outputs:
-            columns.append(o.to_arrow(np.concatenate(self.chunks[o.name])))
+            columns.append(to_arrow(o, np.concatenate(self.chunks[o.name])))
         table = pa.Table.from_arrays(columns, schema=self.schema)
         self.ids = []
         self.chunks = {o.name: [] for o in self.outputs}

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from ...spec import TensorSpec
+
 FORMATS = ("jsonl", "csv", "parquet")
 _COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")
 READ_BLOCK_BYTES = 1 << 20
@@ -127,16 +129,6 @@ def count_rows(path: Path, fmt: str) -> int | None:
 # -- row → tensors ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class InputSpec:
-    """One model input as the client needs it: name, KServe datatype name, numpy dtype, dims."""
-
-    name: str
-    datatype: str
-    dtype: np.dtype
-    dims: tuple[int, ...]
-
-
 def parse_input_columns(values: Sequence[str], model_inputs: Sequence[str]) -> dict[str, str]:
     """Model input name → column name, from ``--input-column`` values ``COL`` (a model with one
     input) or ``INPUT=COL``.
@@ -202,7 +194,7 @@ class ColumnEncoder:
     the server refuses it with its own message.
     """
 
-    def __init__(self, spec: InputSpec, column: str) -> None:
+    def __init__(self, spec: TensorSpec, column: str) -> None:
         self.spec = spec
         self.column = column
 
@@ -210,8 +202,8 @@ class ColumnEncoder:
         if _is_text(values):
             return np.dtype(object)
         if _is_number(values):
-            if self.spec.dtype != np.dtype(object) and self.spec.dtype.kind in "biuf":
-                return self.spec.dtype
+            if self.spec.datatype.numpy != np.dtype(object) and self.spec.datatype.numpy.kind in "biuf":
+                return self.spec.datatype.numpy
             return values.to_pandas_dtype() if not pa.types.is_boolean(values) else np.dtype(bool)
         return np.dtype(object)
 
@@ -262,8 +254,8 @@ class ColumnEncoder:
                 rows.append(None)
                 continue
             a = np.asarray(v)
-            if a.dtype.kind in "biuf" and self.spec.dtype.kind in "biuf":
-                a = a.astype(self.spec.dtype)
+            if a.dtype.kind in "biuf" and self.spec.datatype.numpy.kind in "biuf":
+                a = a.astype(self.spec.datatype.numpy)
             elif a.dtype.kind in "US":
                 a = np.vectorize(lambda s: s.encode() if isinstance(s, str) else s, otypes=[object])(a)
             rows.append(a.reshape(_shape(a.size, dims)) if a.ndim <= 1 else a)
@@ -291,7 +283,7 @@ class RowEncoder:
         id_column: the column holding each row's id.
     """
 
-    def __init__(self, specs: Sequence[InputSpec], mapping: dict[str, str], id_column: str) -> None:
+    def __init__(self, specs: Sequence[TensorSpec], mapping: dict[str, str], id_column: str) -> None:
         self.encoders = [ColumnEncoder(s, mapping[s.name]) for s in specs]
         self.id_column = id_column
 
@@ -301,7 +293,7 @@ class RowEncoder:
 
     def binary_columns(self) -> list[str]:
         """Columns to read as raw bytes: those feeding a BYTES input."""
-        return [e.column for e in self.encoders if e.spec.datatype == "BYTES"]
+        return [e.column for e in self.encoders if e.spec.datatype.name == "BYTES"]
 
     def encode(self, batch: pa.RecordBatch, first_seq: int) -> list[tuple[int, object, Row | str]]:
         """(seq, id, Row or an error message) for each row of ``batch``."""
