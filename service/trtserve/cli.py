@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from .client import AUTH_TOKEN_ENV
+from .client import AUTH_TOKEN_ENV, read_token_file
 from .server import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT
 
 log = logging.getLogger("trtserve")
@@ -253,11 +253,11 @@ def _security(args: argparse.Namespace) -> dict[str, object]:
     token = os.environ.get(AUTH_TOKEN_ENV, "").strip() or None
     if args.auth_token_file:
         try:
-            token = args.auth_token_file.read_text().strip()
+            token = read_token_file(args.auth_token_file)
         except OSError as exc:
             raise ValueError(f"cannot read --auth-token-file {args.auth_token_file}: {exc.strerror or exc}") from exc
-        if not token:
-            raise ValueError(f"--auth-token-file {args.auth_token_file} is empty")
+        except ValueError:
+            raise ValueError(f"--auth-token-file {args.auth_token_file} is empty") from None
     if token:
         out["auth_token"] = token
         out["auth_health"] = args.auth_health

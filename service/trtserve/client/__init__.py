@@ -96,6 +96,21 @@ AUTH_TOKEN_ENV = "TRTSERVE_AUTH_TOKEN"
 when no ``--auth-token-file`` is given."""
 
 
+def read_token_file(path: Path | str) -> str:
+    """The bearer token in a token file: its first line, surrounding whitespace stripped (the
+    format ``trtserve serve --auth-token-file`` and every client read).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: its first line is empty.
+    """
+    lines = Path(path).read_text().splitlines()
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise ValueError(f"the token file {path} is empty")
+    return token
+
+
 @dataclass(frozen=True)
 class Credentials:
     """How to reach a server started with TLS and/or a bearer token (all optional).
@@ -130,12 +145,7 @@ class Credentials:
             OSError: a file cannot be read.
             ValueError: the token file's first line is empty, or not a valid token.
         """
-        token = None
-        if token_file is not None:
-            lines = Path(token_file).read_text().splitlines()
-            token = lines[0].strip() if lines else ""
-            if not token:
-                raise ValueError(f"the token file {token_file} is empty")
+        token = read_token_file(token_file) if token_file is not None else None
         pems = (Path(p).read_bytes() if p is not None else None for p in (ca, key, cert))
         return cls(*pems, token=token)
 
@@ -261,4 +271,4 @@ class Client:
             call.cancel()
 
 
-__all__ = ["Client", "Credentials", "InferError", "build_request", "parse_response"]
+__all__ = ["Client", "Credentials", "InferError", "build_request", "parse_response", "read_token_file"]
