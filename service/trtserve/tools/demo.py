@@ -18,6 +18,7 @@ import argparse
 import gzip
 import itertools
 import json
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -121,6 +122,8 @@ def raw_throughput(model_dir: Path, texts: list[str], batch_size: int) -> float:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    quiet = not sys.stderr.isatty()  # no progress bars in a log file
+
     from ..client import Client
     from .process import ServerProcess
 
@@ -132,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"starting trtserve on the CPU default ({args.model_repository})")
     with ServerProcess(args.model_repository) as server, Client(server.url) as client:
         sentences = [(str(i), s) for i, s in enumerate(first + second)]
-        emb = dict(tqdm(embed_stream(client, sentences, args.inflight), total=len(sentences), desc="STS-B dev", unit="sent"))
+        emb = dict(tqdm(embed_stream(client, sentences, args.inflight), total=len(sentences), desc="STS-B dev", unit="sent", disable=quiet))
         vectors = np.stack([emb[str(i)] for i in range(len(sentences))])
         rho = spearman_of_cosines(vectors[: len(first)], vectors[len(first) :], gold)
         print(f"\nSTS-B dev Spearman (cosine): {rho:.4f}   reference {REFERENCE_SPEARMAN:.4f}   difference {rho - REFERENCE_SPEARMAN:+.4f}")
@@ -140,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         before = batch_histogram(client)
         latencies: list[float] = []
         start = time.perf_counter()
-        done = sum(1 for _ in tqdm(embed_stream(client, corpus, args.inflight, latencies), total=len(corpus), desc="corpus", unit="sent"))
+        done = sum(1 for _ in tqdm(embed_stream(client, corpus, args.inflight, latencies), total=len(corpus), desc="corpus", unit="sent", disable=quiet))
         elapsed = time.perf_counter() - start
         after = batch_histogram(client)
         server_code = server.stop()
