@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import importlib.util
 import logging
 import os
 import signal
@@ -94,14 +93,6 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--auth-health", action="store_true",
                        help="require the token for health checking and reflection too (default: they stay open)")
 
-    build = sub.add_parser("build", help="build every model of the repository (ONNX exports, test models, TensorRT plans)")
-    _add_repository(build)
-    build.add_argument("--force", action="store_true", help="rebuild even when inputs are unchanged")
-    build.add_argument("models", nargs="*", help="only these models (default: all with a build.py)")
-    from .runtimes import trtbuild  # imports neither TensorRT nor CUDA
-
-    trtbuild.add_arguments(build)
-
     for name, help_text in TOOLS.items():
         tool = sub.add_parser(name, help=help_text)
         _add_repository(tool)
@@ -114,6 +105,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
 
 # Subcommands implemented in trtserve/tools/<name>.py: add_arguments(parser) and run(args) -> int.
 TOOLS = {
+    "build": "build every model of the repository (ONNX exports, test models, TensorRT plans)",
     "demo": "the main job on real data: STS-B dev through a live server, then a corpus embed",
     "check": "check that a model (and its handler) gives the same answers batched as alone",
     "bench": "served throughput and latency against the raw engine, in one run, with plots",
@@ -134,28 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format, args.log_requests)
     if args.command in TOOLS:
         return importlib.import_module(f"trtserve.tools.{args.command}").run(args)
-    return {"serve": cmd_serve, "build": cmd_build}[args.command](args)
-
-
-def cmd_build(args: argparse.Namespace) -> int:
-    """Run ``build(model_dir, force)`` of every ``engines/<model>/build.py``, then build TensorRT plans (:mod:`trtserve.runtimes.trtbuild`)."""
-    root: Path = args.model_repository
-    recipes = sorted(root.glob("*/build.py"))
-    if args.models:
-        recipes = [r for r in recipes if r.parent.name in args.models]
-    for recipe in recipes:
-        model_dir = recipe.parent
-        spec = importlib.util.spec_from_file_location(f"trtserve_build_{model_dir.name}", recipe)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        changed = module.build(model_dir, force=args.force)
-        print(f"{model_dir.name}: {'built' if changed else 'up to date'}")
-    from .runtimes import trtbuild
-
-    # Plans where TensorRT and a CUDA device exist; otherwise one sentence saying what is
-    # missing (exit 0, the ONNX models remain; 1 with --tensorrt).
-    return trtbuild.build_all(root, args)
+    return cmd_serve(args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

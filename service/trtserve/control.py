@@ -1,6 +1,6 @@
 """``trtserve.v1.ModelControl``: read and change a model's batching policy at run time.
 
-A change replaces the dispatcher's :class:`~trtserve.batching.config.BatchingPolicy` and
+A change replaces the dispatcher's :class:`~trtserve.config.BatchingPolicy` and
 applies to the next batch it forms; nothing queued or running is dropped. Errors map to
 gRPC statuses like the inference service's: NOT_FOUND for an unknown model, UNAVAILABLE for
 one not ready, INVALID_ARGUMENT for a value out of range (naming the field).
@@ -14,7 +14,7 @@ from typing import Any
 
 from ._proto.trtserve.v1 import control_pb2 as pb
 from ._proto.trtserve.v1 import control_pb2_grpc as pb_grpc
-from .batching.config import BatchingPolicy
+from .config import BatchingPolicy
 from .errors import InvalidRequest
 from .repository import Repository
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from ._proto.inference import model_config_pb2 as mc
-from .batching.config import BatchingPolicy, QueuePolicy, TimeoutAction
+from .config import BatchingPolicy, QueuePolicy, TimeoutAction
 from .clock import Clock
 from .errors import ModelNotFound, ModelNotReady
 from .pipeline import ServedModel

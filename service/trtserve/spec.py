@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .batching.config import BatchingPolicy
+from .config import BatchingPolicy
 from .protocol.datatypes import Datatype
 
 

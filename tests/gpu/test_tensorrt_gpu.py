@@ -1,4 +1,4 @@
-"""TensorRT plans on a real GPU: build tiny and minilm (fp32 and fp16) with trtbuild, serve them
+"""TensorRT plans on a real GPU: build tiny and minilm (fp32 and fp16) with tools/build.py, serve them
 with TensorRTBackend, compare with ONNX Runtime on the CPU (fp32 <= 1e-3, fp16 <= 1e-2 absolute),
 check the refusals (profile bounds, sidecar mismatch), run two slots concurrently, and print
 throughput per batch size. Skips where TensorRT's builder is not installed (the lean runtime
@@ -48,7 +48,7 @@ def _copy_model(name: str, root: Path, max_batch_size: int | None = None) -> Pat
 
 
 def _build(model_dir: Path, precision: str, cache: Path) -> Path:
-    from trtserve.runtimes.trtbuild import BuildOptions, build_model
+    from trtserve.tools.build import BuildOptions, build_model
 
     started = time.perf_counter()
     status = build_model(model_dir, BuildOptions(precision=precision, timing_cache=cache), force=True)

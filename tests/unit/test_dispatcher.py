@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend, rows
-from trtserve.batching.config import BatchingPolicy, QueuePolicy, TimeoutAction
+from trtserve.config import BatchingPolicy, QueuePolicy, TimeoutAction
 from trtserve.batching.dispatcher import Dispatcher
 from trtserve.batching.policy import DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE
 from trtserve.clock import FakeClock, settle

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend, rows
-from trtserve.batching.config import BatchingPolicy
+from trtserve.config import BatchingPolicy
 from trtserve.batching.dispatcher import CAP_REFRESH_BATCHES, Dispatcher
 from trtserve.batching.latency import LatencyModel
 from trtserve.batching.policy import adaptive_cap

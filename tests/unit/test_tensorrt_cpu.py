@@ -1,7 +1,7 @@
 """The TensorRT path's checks that need no GPU: packing into caller-owned buffers, profile
 bounds, sidecar mismatch sentences, the builder's pure parts and its one-sentence refusal,
 lazy imports, the runtime factory's fallback, the cuda-python layer's errors, and mypy over
-runtimes/{tensorrt,cuda,trtbuild}.py against the stubs in typings/.
+runtimes/{tensorrt,cuda}.py and tools/build.py against the stubs in typings/.
 
 Tests that assume a machine without TensorRT or a CUDA device skip where one exists (the
 GPU checks are tests/gpu/)."""
@@ -33,7 +33,7 @@ from trtserve.runtimes.tensorrt import (
     sidecar_problems,
     unavailable_reason,
 )
-from trtserve.runtimes.trtbuild import (
+from trtserve.tools.build import (
     BuildOptions,
     convert_precision,
     opt_batch_size,
@@ -293,7 +293,7 @@ def test_fp16_conversion_keeps_fp32_io_and_stays_within_1e_2(engines, tmp_path):
     pytest.importorskip("onnxconverter_common")
     import onnxruntime as ort
 
-    from trtserve.runtimes.trtbuild import onnx_io
+    from trtserve.tools.build import onnx_io
 
     src = engines / "tiny" / "1" / "model.onnx"
     dst = tmp_path / "tiny.fp16.onnx"
@@ -345,7 +345,7 @@ def test_build_without_tensorrt_says_one_sentence_and_keeps_the_onnx_model(tmp_p
 
 def test_importing_the_gpu_modules_needs_neither_tensorrt_nor_cuda():
     code = (
-        "import sys; import trtserve.runtimes.tensorrt, trtserve.runtimes.cuda, trtserve.runtimes.trtbuild, trtserve.cli; "
+        "import sys; import trtserve.runtimes.tensorrt, trtserve.runtimes.cuda, trtserve.tools.build, trtserve.cli; "
         "print(sorted(m for m in ('tensorrt', 'cuda.bindings.runtime') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -455,7 +455,7 @@ def test_mypy_finds_no_errors_in_the_gpu_modules(request, tmp_path_factory):
     # a warm cache under .pytest_cache makes reruns take seconds instead of ~25 s
     pytest_cache = getattr(request.config, "cache", None)
     cache = pytest_cache.mkdir("mypy") if pytest_cache is not None else tmp_path_factory.mktemp("mypy")
-    files = [str(RUNTIMES / f) for f in ("tensorrt.py", "cuda.py", "trtbuild.py")]
+    files = [str(RUNTIMES / f) for f in ("tensorrt.py", "cuda.py")] + [str(ROOT / "service" / "trtserve" / "tools" / "build.py")]
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--cache-dir", str(cache), *files],
         cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -21,7 +21,7 @@ import numpy as np
 from ..clock import Clock, MonotonicClock
 from ..errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
 from ..runtimes.base import Backend, Batch, unpack
-from .config import BatchingPolicy, TimeoutAction
+from ..config import BatchingPolicy, TimeoutAction
 from .latency import LatencyModel
 from .policy import Inputs, adaptive_cap, decide
 from .queue import Piece, QueueEntry, RequestQueue, Segment

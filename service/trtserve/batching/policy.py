@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .config import BatchingPolicy
+from ..config import BatchingPolicy
 from .latency import LatencyModel
 from .queue import QueueEntry
 

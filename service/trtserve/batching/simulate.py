@@ -23,7 +23,7 @@ from ..errors import BackendError, TrtServeError
 from ..protocol.datatypes import DATATYPES
 from ..runtimes.base import Batch, StagingBuffers, Tensors, pack
 from ..spec import TensorSpec
-from .config import BatchingPolicy
+from ..config import BatchingPolicy
 from .dispatcher import Dispatcher
 from .latency import LatencyModel
 

@@ -1,6 +1,6 @@
 """TensorRT plans on CUDA streams: the GPU engine.
 
-Load: the plan's sidecar (``model.plan.json``, written by :mod:`~trtserve.runtimes.trtbuild`)
+Load: the plan's sidecar (``model.plan.json``, written by :mod:`~trtserve.tools.build`)
 is compared with this machine *before* deserializing, so a plan built with another TensorRT
 version or for another GPU is refused with a sentence saying which and "rebuild with make
 engine"; then ``deserialize_cuda_engine`` (``None`` is checked, TensorRT's logged errors are

@@ -66,7 +66,7 @@ async def measure(root: Path, name: str, lengths: list[int], repeats: int) -> di
 
 def recommend(curve: dict[int, float], budget: float, tolerance: float, limit: int) -> int:
     """The knee of one length's curve (batch size → seconds); see the module docstring."""
-    from ..batching.config import BatchingPolicy
+    from ..config import BatchingPolicy
 
     model = LatencyModel()
     for rows, seconds in curve.items():

@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from ..batching.config import BatchingPolicy
+from ..config import BatchingPolicy
 from ..batching.simulate import SimResult, affine, bursty_trace, poisson_trace, simulate
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import logging
 import re
@@ -44,9 +45,9 @@ from typing import Any
 
 from ..errors import BackendError
 from ..files import write_atomic
-from . import cuda
-from .cuda import GpuUnavailable
-from .tensorrt import PLAN_FILE, SIDECAR_SUFFIX, TRT_TYPES, logged_errors, logger, unavailable_reason
+from ..runtimes import cuda
+from ..runtimes.cuda import GpuUnavailable
+from ..runtimes.tensorrt import PLAN_FILE, SIDECAR_SUFFIX, TRT_TYPES, logged_errors, logger, unavailable_reason
 
 log = logging.getLogger(__name__)
 
@@ -461,7 +462,9 @@ def _use_timing_cache(config: Any, path: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``trtserve build``'s TensorRT flags."""
+    """``trtserve build``'s flags: the models, ``--force`` and the TensorRT options."""
+    parser.add_argument("--force", action="store_true", help="rebuild even when inputs are unchanged")
+    parser.add_argument("models", nargs="*", help="only these models (default: all with a build.py)")
     g = parser.add_argument_group("TensorRT plans (built where TensorRT and a CUDA device exist)")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--tensorrt", dest="tensorrt", action="store_const", const="require", default="auto",
@@ -480,6 +483,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--version-compatible", action="store_true", help="plans that newer TensorRT versions can run (slower to load)")
     g.add_argument("--profile-per-slot", action="store_true", help="one optimization profile per execution slot")
     g.add_argument("--device", type=int, default=0, help="CUDA device to build on (default: 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``build(model_dir, force)`` of every ``engines/<model>/build.py`` (ONNX exports,
+    test models), then build the TensorRT plans (:func:`build_all`). Returns the exit status."""
+    root: Path = args.model_repository
+    recipes = sorted(root.glob("*/build.py"))
+    if args.models:
+        recipes = [r for r in recipes if r.parent.name in args.models]
+    for recipe in recipes:
+        model_dir = recipe.parent
+        spec = importlib.util.spec_from_file_location(f"trtserve_build_{model_dir.name}", recipe)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        changed = module.build(model_dir, force=args.force)
+        print(f"{model_dir.name}: {'built' if changed else 'up to date'}")
+    # Plans where TensorRT and a CUDA device exist; otherwise one sentence saying what is
+    # missing (exit 0, the ONNX models remain; 1 with --tensorrt).
+    return build_all(root, args)
 
 
 def build_all(root: Path, args: argparse.Namespace) -> int:
@@ -535,5 +558,6 @@ __all__ = [
     "opt_batch_size",
     "parse_range",
     "profile_shapes",
+    "run",
     "with_platform",
 ]
