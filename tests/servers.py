@@ -1,9 +1,15 @@
-"""A real trtserve gRPC server on 127.0.0.1 in a background thread with its own event loop,
-so tests can drive it with ordinary blocking clients from many threads."""
+"""A real trtserve on 127.0.0.1 in a background thread with its own event loop, so tests can
+drive it with ordinary blocking clients from many threads and look at its dispatchers.
+
+The engine core and one front end run on that loop, talking over ZeroMQ (``ipc://`` in a
+private temporary directory) exactly as the processes of ``trtserve serve`` do; the process
+tree itself (several front ends, restarts, signals) is tested through ``trtserve serve``."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -14,15 +20,25 @@ import grpc
 from trtserve import runtimes
 from trtserve.client import Client
 from trtserve.clock import MonotonicClock
+from trtserve.engine.core import EngineCore
+from trtserve.frontend.engine_client import EngineClient
+from trtserve.frontend.lifecycle import drain
+from trtserve.frontend.server import start_frontend
 from trtserve.repository import Repository
-from trtserve.server import drain, start_server
 
 
 class ServerThread:
-    """``with ServerThread(root) as srv:`` — ``srv.url``, ``srv.client()``, ``srv.repository``."""
+    """``with ServerThread(root) as srv:`` — ``srv.url``, ``srv.client()``, ``srv.repository``
+    and ``srv.core`` (the engine core), ``srv.service`` (the front end's inference service).
 
-    def __init__(self, root: Path, **server_kw) -> None:
+    Args:
+        metrics_port: the engine core's Prometheus endpoint (0: ephemeral; None: off).
+        server_kw: the front end's options (``start_frontend``).
+    """
+
+    def __init__(self, root: Path, metrics_port: int | None = None, **server_kw) -> None:
         self.root = Path(root)
+        self._metrics_port = metrics_port
         self.server_kw = server_kw
         self.loop = asyncio.new_event_loop()
         self.pool = ThreadPoolExecutor(2)
@@ -67,19 +83,40 @@ class ServerThread:
         self.loop.run_forever()
 
     async def _start(self) -> None:
-        self.repository = Repository(
-            self.root, clock=MonotonicClock(), pool=self.pool, backend_factory=partial(runtimes.create)
+        clock = MonotonicClock()
+        self.repository = Repository(self.root, clock=clock, backend_factory=partial(runtimes.create))
+        self._dir = tempfile.mkdtemp(prefix="trtserve-test-")
+        address = f"ipc://{self._dir}/engine.sock"
+        self.core = EngineCore(self.repository, address, metrics_port=self._metrics_port)
+        await self.core.start()
+        await self.core.load()
+        self.engine = EngineClient(address)
+        await self.engine.connect()
+        self.server, self.service, self.port = await start_frontend(
+            self.engine, clock, self.pool, host="127.0.0.1", port=0, **self.server_kw
         )
-        await self.repository.load_all()
-        self.server, self.service, self.port = await start_server(self.repository, host="127.0.0.1", port=0, **self.server_kw)
+        await self.service.loaded()
+
+    def metrics_at(self) -> int:
+        """The engine core's metrics port, once every request answered so far is counted there
+        (the front end ships its records over ZeroMQ; a query goes behind them)."""
+        self.call(self.engine.query("server_ready"))
+        assert self.core.metrics is not None
+        return self.core.metrics.port
+
+    async def _stop(self, grace: float) -> None:
+        await drain(self.server, self.service, grace)
+        await self.core.aclose()
+        await self.engine.aclose()
 
     def stop(self, grace: float = 5.0) -> None:
         if not self._thread.is_alive():
             return
-        self.call(drain(self.server, self.service, self.repository, grace))
+        self.call(self._stop(grace))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(30)
         self.pool.shutdown(wait=False)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def code_of(fn, *args, **kw) -> grpc.StatusCode:

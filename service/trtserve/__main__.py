@@ -1,4 +1,7 @@
-from .cli import main
 import sys
 
-sys.exit(main())
+from .cli import main
+
+# Guarded: the supervisor's child processes are spawned, and spawn imports this module again.
+if __name__ == "__main__":
+    sys.exit(main())

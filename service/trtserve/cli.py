@@ -10,18 +10,14 @@ true/false, yes/no, on/off); a flag on the command line wins. The bearer token i
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
 import os
-import signal
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 from .client import AUTH_TOKEN_ENV, read_token_file
-from .server import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT
+from .frontend.service import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT
 
 log = logging.getLogger("trtserve")
 
@@ -71,13 +67,16 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     _add_repository(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
     serve.add_argument("--port", type=int, default=8001, help="gRPC port (default: 8001; 0 picks a free one)")
+    serve.add_argument("--frontends", default="auto",
+                       help="gRPC front-end processes sharing the port (SO_REUSEPORT; each client connection stays with one); "
+                            "'auto': one per two cores, 1..8 (default: auto)")
     serve.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
                        help=f"largest request or response message in bytes (default: {DEFAULT_MAX_MESSAGE_BYTES})")
     serve.add_argument("--max-receive-bytes", type=int, default=0,
                        help="largest request message in bytes, when it should differ from --max-message-bytes (default: 0, the same)")
     serve.add_argument("--stream-inflight", type=int, default=DEFAULT_STREAM_INFLIGHT,
                        help=f"requests of one stream processed at once before reading pauses (default: {DEFAULT_STREAM_INFLIGHT})")
-    serve.add_argument("--cpu-workers", type=int, default=2, help="threads for handler pre/post-processing (default: 2)")
+    serve.add_argument("--cpu-workers", type=int, default=2, help="threads per front end for handler pre/post-processing (default: 2)")
     serve.add_argument("--intra-op-threads", type=int, default=0, help="ONNX Runtime threads per session (default: 0, one per core)")
     serve.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish queued work on SIGTERM (default: 30)")
     serve.add_argument("--max-request-elements", type=int, default=0,
@@ -130,89 +129,53 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM/SIGINT, then drain (a second signal exits at once)."""
-    return asyncio.run(_serve(args))
+    """Serve until SIGTERM/SIGINT, then drain (a second signal exits at once): the process
+    tree of :mod:`trtserve.supervisor`."""
+    from .supervisor import ServeConfig, default_frontends, serve
 
-
-async def _serve(args: argparse.Namespace) -> int:
-    from . import runtimes
-    from .clock import MonotonicClock
-    from .repository import Repository
-    from .server import drain, start_server
-
-    options = runtimes.RuntimeOptions(intra_op_threads=args.intra_op_threads)
-    pool = ThreadPoolExecutor(args.cpu_workers, thread_name_prefix="cpu")
-    repository = Repository(
-        args.model_repository,
-        clock=MonotonicClock(),
-        pool=pool,
-        backend_factory=partial(runtimes.create, options=options),
-    )
+    try:
+        frontends = default_frontends() if args.frontends == "auto" else int(args.frontends)
+        if frontends < 1:
+            raise ValueError
+    except ValueError:
+        print(f"trtserve serve: --frontends must be 'auto' or a whole number >= 1, got '{args.frontends}'", file=sys.stderr)
+        return 2
     try:
         security = _security(args)
     except ValueError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)
         return 2
-    # Listen first, load second: while models load, health says NOT_SERVING, ServerReady
-    # false and ServerLive true, instead of a refused connection.
-    server, service, port = await start_server(
-        repository,
+    config = ServeConfig(
+        repository=args.model_repository,
         host=args.host,
         port=args.port,
-        max_message_bytes=args.max_message_bytes,
-        max_receive_bytes=args.max_receive_bytes or None,
-        stream_inflight=args.stream_inflight,
-        max_request_elements=args.max_request_elements or None,
-        metrics_port=args.metrics_port or None,
+        frontends=frontends,
+        grace=args.grace_period,
+        frontend=dict(
+            max_message_bytes=args.max_message_bytes,
+            max_receive_bytes=args.max_receive_bytes or None,
+            stream_inflight=args.stream_inflight,
+            max_request_elements=args.max_request_elements or None,
+            **security,
+        ),
+        cpu_workers=args.cpu_workers,
+        intra_op_threads=args.intra_op_threads,
         metrics_host=args.metrics_host,
-        loading=True,
-        **security,
+        metrics_port=args.metrics_port or None,
+        log_level=args.log_level,
+        log_format=args.log_format,
+        log_requests=args.log_requests,
     )
-    # Not the "listening" line (tools wait for that one, once the models are loaded).
-    print(f"trtserve bound {args.host}:{port}, loading models", flush=True)
-    if service.metrics is not None:
-        print(f"trtserve metrics on http://{args.metrics_host}:{service.metrics.port}/metrics", flush=True)
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            log.warning("second signal: exiting now")
-            logging.shutdown()
-            os._exit(1)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    load = asyncio.ensure_future(repository.load_all())
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait((load, stopped), return_when=asyncio.FIRST_COMPLETED)
-    if load.done():
-        await service.loaded()
-        for name, entry in sorted(repository.models.items()):
-            log.info("model %-16s %s %s", name, entry.state.value, entry.reason)
-        # Tests and tools read the bound port from this line.
-        print(f"trtserve listening on {args.host}:{port}", flush=True)
-    else:
-        log.info("signal while loading: stopping")
-        load.cancel()
-        await asyncio.gather(load, return_exceptions=True)
-    await stopped
-    log.info("draining (grace period %.1f s)", args.grace_period)
-    await drain(server, service, repository, args.grace_period)
-    pool.shutdown(wait=False)
-    log.info("stopped")
-    return 0
+    return serve(config)
 
 
 def _security(args: argparse.Namespace) -> dict[str, object]:
-    """TLS and auth keyword arguments of ``start_server`` from the flags and the environment.
+    """TLS and auth keyword arguments of ``start_frontend`` from the flags and the environment.
 
     Raises:
         ValueError: an incomplete TLS pair, a CA without TLS, or an unreadable or empty file.
     """
-    from .security import TlsConfig
+    from .frontend.security import TlsConfig
 
     out: dict[str, object] = {}
     if bool(args.tls_cert) != bool(args.tls_key):

@@ -79,6 +79,7 @@ class TrtserveModel:
                  id_column: str = "id", intra_op_threads: int = 0, cpu_workers: int = 2) -> None:
         from . import runtimes
         from .clock import MonotonicClock
+        from .engine.local import local_model
         from .repository import Repository
 
         self.loop = asyncio.new_event_loop()
@@ -86,12 +87,12 @@ class TrtserveModel:
         self.thread.start()
         self.pool = ThreadPoolExecutor(cpu_workers, thread_name_prefix="trtserve-cpu")
         options = runtimes.RuntimeOptions(intra_op_threads=intra_op_threads)
-        self.repository = Repository(Path(model_repository), clock=MonotonicClock(), pool=self.pool,
+        self.repository = Repository(Path(model_repository), clock=MonotonicClock(),
                                      backend_factory=partial(runtimes.create, options=options))
         entry = self._run(self.repository.load(model))
         if entry.served is None:
             raise RuntimeError(f"model '{model}' did not load from {model_repository}: {entry.reason}")
-        self.served = entry.served
+        self.served = local_model(self.repository, model, self.pool)
         self.spec, inputs, self.outputs = model_io(Path(model_repository), model)
         mapping = parse_input_columns(list(input_columns), [t.name for t in inputs])
         self.encoder = RowEncoder(inputs, mapping, id_column)
@@ -127,12 +128,12 @@ class TrtserveModel:
         from .client import build_request
         from .errors import TrtServeError
         from .protocol import codec
-        from .server import status_for
+        from .frontend.status import status_for
 
         try:
             request = build_request(self.spec.name, stack_rows(rows, self.spec.batched))
             inputs, _ = codec.decode_inputs(request, self.spec)
-            return [(rows, await self.served.infer(inputs))]
+            return [(rows, (await self.served.infer(inputs))[0])]
         except TrtServeError as exc:
             if len(rows) > 1:
                 parts = await asyncio.gather(*(self._infer_group([r]) for r in rows))

@@ -14,7 +14,6 @@ import enum
 import logging
 import math
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from ._proto.inference import model_config_pb2 as mc
 from .config import BatchingPolicy, QueuePolicy, TimeoutAction
 from .clock import Clock
 from .errors import ModelNotFound, ModelNotReady
-from .pipeline import ServedModel
+from .engine.model import EngineModel
 from .protocol.datatypes import BY_CONFIG_NAME
 from .spec import ModelSpec, TensorSpec
 
@@ -205,7 +204,7 @@ class ModelEntry:
     state: ModelState
     reason: str = ""
     spec: ModelSpec | None = None
-    served: ServedModel | None = None
+    served: EngineModel | None = None
 
 
 BackendFactory = Callable[[ModelSpec], object]
@@ -217,14 +216,12 @@ class Repository:
     Args:
         root: the model repository directory (``engines/``).
         clock: time source handed to each model's dispatcher.
-        pool: the CPU pool for handler pre/post-processing (shared by all models).
         backend_factory: builds a model's runtime from its spec (``trtserve.runtimes.create``).
     """
 
-    def __init__(self, root: Path, *, clock: Clock, pool: Executor, backend_factory: BackendFactory) -> None:
+    def __init__(self, root: Path, *, clock: Clock, backend_factory: BackendFactory) -> None:
         self.root = Path(root)
         self.clock = clock
-        self.pool = pool
         self.backend_factory = backend_factory
         self.models: dict[str, ModelEntry] = {}
         self._warmup = asyncio.Lock()
@@ -249,7 +246,7 @@ class Repository:
             spec = load_spec(self.root / name)
             entry.spec = spec
             backend = await asyncio.to_thread(self.backend_factory, spec)
-            served = ServedModel(spec, backend, clock=self.clock, pool=self.pool)
+            served = EngineModel(spec, backend, clock=self.clock)  # type: ignore[arg-type]
             # One warm-up at a time: a model's first latency profile must not measure the
             # other models loading beside it.
             async with self._warmup:
@@ -263,7 +260,7 @@ class Repository:
         log.info("model %s version %s ready (%s, %d slot(s))", name, spec.version, spec.platform, spec.instances)
         return entry
 
-    def get(self, name: str, version: str = "") -> ServedModel:
+    def get(self, name: str, version: str = "") -> EngineModel:
         """The serving model ``name`` (``version`` empty for the served one).
 
         Raises:

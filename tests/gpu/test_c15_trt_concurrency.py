@@ -33,6 +33,7 @@ def trt(device_info):
 def test_two_trt_slots_under_16_clients_match_the_sequential_reference(trt, tmp_path, precision):
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
+    from trtserve.engine.local import local_model
     from trtserve.repository import ModelState, Repository
 
     model_dir = _copy_model("tiny", tmp_path)
@@ -46,14 +47,15 @@ def test_two_trt_slots_under_16_clients_match_the_sequential_reference(trt, tmp_
 
     async def go():
         pool = ThreadPoolExecutor(2)
-        repo = Repository(tmp_path, clock=MonotonicClock(), pool=pool, backend_factory=runtimes.create)
+        repo = Repository(tmp_path, clock=MonotonicClock(), backend_factory=runtimes.create)
         await repo.load_all()
         try:
             entry = repo.models["tiny"]
             assert entry.state is ModelState.READY, entry.reason
             served = repo.get("tiny")
+            model = local_model(repo, "tiny", pool)
             assert served.spec.platform == "tensorrt_plan" and served.backend.slots == 2
-            alone = [(await served.infer({"INPUT": x}))["OUTPUT"].copy() for x in inputs]  # concurrency 1
+            alone = [(await model.infer({"INPUT": x}))[0]["OUTPUT"].copy() for x in inputs]  # concurrency 1
             running, peak, lock = 0, 0, threading.Lock()
             original = served.backend.run
 
@@ -73,7 +75,7 @@ def test_two_trt_slots_under_16_clients_match_the_sequential_reference(trt, tmp_
 
             async def client(k: int) -> None:
                 for i in range(k, len(inputs), 16):
-                    together[i] = (await served.infer({"INPUT": inputs[i]}))["OUTPUT"].copy()
+                    together[i] = (await model.infer({"INPUT": inputs[i]}))[0]["OUTPUT"].copy()
 
             await asyncio.gather(*(client(k) for k in range(16)))
             served.backend.run = original

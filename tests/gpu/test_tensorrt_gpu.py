@@ -179,6 +179,7 @@ def test_the_server_serves_a_built_plan_with_tensorrt(trt, tmp_path):
 
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
+    from trtserve.engine.local import local_model
     from trtserve.repository import ModelState, Repository
 
     model_dir = _copy_model("tiny", tmp_path)
@@ -186,13 +187,13 @@ def test_the_server_serves_a_built_plan_with_tensorrt(trt, tmp_path):
 
     async def go():
         pool = ThreadPoolExecutor(1)
-        repo = Repository(tmp_path, clock=MonotonicClock(), pool=pool, backend_factory=runtimes.create)
+        repo = Repository(tmp_path, clock=MonotonicClock(), backend_factory=runtimes.create)
         await repo.load_all()
         try:
             entry = repo.models["tiny"]
             assert entry.state is ModelState.READY, entry.reason
             assert entry.spec is not None and entry.spec.platform == "tensorrt_plan"
-            return await repo.get("tiny").infer({"INPUT": np.ones((3, 64), np.float32)})
+            return (await local_model(repo, "tiny", pool).infer({"INPUT": np.ones((3, 64), np.float32)}))[0]
         finally:
             await repo.aclose()
             pool.shutdown()

@@ -89,7 +89,7 @@ def direct_minilm(engines: Path, texts: list[str]) -> np.ndarray:
     """Embeddings straight from the handler and ONNX Runtime, one text at a time (no padding)."""
     import onnxruntime as ort
 
-    from trtserve.pipeline import load_handler
+    from trtserve.handlers import load_handler
     from trtserve.repository import load_spec
 
     spec = load_spec(engines / "minilm")

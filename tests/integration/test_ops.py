@@ -130,7 +130,7 @@ def test_metrics_after_a_known_workload(metrics_server):
         assert code_of(c.stub.ModelInfer, expired) == grpc.StatusCode.DEADLINE_EXCEEDED
         statistics = c.stub.ModelStatistics(pb.ModelStatisticsRequest(name="ident")).model_stats[0]
     assert len(streamed) == len(lengths)
-    m = scrape(srv.service.metrics.port)
+    m = scrape(srv.metrics_at())
 
     ok = 2 * len(lengths)
     assert sample(m, "trtserve_requests_total", model="ident", code="OK") == ok
@@ -174,7 +174,7 @@ def test_metrics_after_a_known_workload(metrics_server):
 
 def test_queue_full_late_answers_and_busy_slots_are_counted(metrics_server):
     srv = metrics_server
-    port = srv.service.metrics.port
+    port = srv.metrics_at()
     scrape(port)  # starts the busy-ratio window
     with srv.client() as c, ThreadPoolExecutor(6) as pool:
         codes = list(pool.map(lambda _: code_of(c.infer, "one", row(2)), range(6)))
@@ -196,8 +196,8 @@ def test_separate_servers_have_separate_registries(make_server, tmp_path):
     a, b = make_server(tmp_path, metrics_port=0), make_server(tmp_path, metrics_port=0)
     with a.client() as c:
         c.infer("ident", row(3))
-    assert sample(scrape(a.service.metrics.port), "trtserve_requests_total", model="ident", code="OK") == 1
-    assert sample(scrape(b.service.metrics.port), "trtserve_requests_total", model="ident", code="OK") == 0
+    assert sample(scrape(a.metrics_at()), "trtserve_requests_total", model="ident", code="OK") == 1
+    assert sample(scrape(b.metrics_at()), "trtserve_requests_total", model="ident", code="OK") == 0
 
 
 def test_request_log_line_has_id_model_status_and_duration(server, caplog):
@@ -492,7 +492,7 @@ def live(url: str, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCo
 
 
 def test_tls_server_needs_a_client_that_trusts_its_ca(make_server, tmp_path, certs):
-    from trtserve.security import TlsConfig
+    from trtserve.frontend.security import TlsConfig
 
     write_identity(tmp_path)
     srv = make_server(tmp_path, tls=TlsConfig(certs["server_cert"], certs["server_key"]))
@@ -502,7 +502,7 @@ def test_tls_server_needs_a_client_that_trusts_its_ca(make_server, tmp_path, cer
 
 
 def test_mutual_tls_refuses_a_client_without_a_certificate(make_server, tmp_path, certs):
-    from trtserve.security import TlsConfig
+    from trtserve.frontend.security import TlsConfig
 
     write_identity(tmp_path)
     srv = make_server(tmp_path, tls=TlsConfig(certs["server_cert"], certs["server_key"], client_ca=certs["ca"]))
@@ -559,7 +559,7 @@ def test_bulk_job_over_mutual_tls_with_a_token(make_server, tmp_path, certs):
     requires all of them: every row comes back exact."""
     import pyarrow.parquet as pq
 
-    from trtserve.security import TlsConfig
+    from trtserve.frontend.security import TlsConfig
 
     write_identity(tmp_path / "repo")
     srv = make_server(tmp_path / "repo", tls=TlsConfig(certs["server_cert"], certs["server_key"], client_ca=certs["ca"]),

@@ -47,7 +47,7 @@ def srv(tmp_path_factory):
 
 
 def answered(srv) -> int:
-    stats = srv.service.requests.models.get("identity_fp32")
+    stats = srv.core.requests.models.get("identity_fp32")
     return stats.totals()[0][0] + stats.totals()[1][0] if stats else 0
 
 

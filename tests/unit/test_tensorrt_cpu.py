@@ -381,6 +381,7 @@ def _write_model(root: Path, name: str, config: str, files: dict[str, bytes]) ->
 def test_a_plan_model_is_not_ready_with_the_reason_while_others_serve(tmp_path, engines):
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
+    from trtserve.engine.local import local_model
     from trtserve.repository import ModelState, Repository, load_spec
 
     onnx = (engines / "tiny" / "1" / "model.onnx").read_bytes()
@@ -399,11 +400,11 @@ def test_a_plan_model_is_not_ready_with_the_reason_while_others_serve(tmp_path, 
 
     async def go():
         pool = ThreadPoolExecutor(1)
-        repo = Repository(root, clock=MonotonicClock(), pool=pool, backend_factory=runtimes.create)
+        repo = Repository(root, clock=MonotonicClock(), backend_factory=runtimes.create)
         await repo.load_all()
         try:
             states = {name: (e.state, e.reason) for name, e in repo.models.items()}
-            out = await repo.get("both").infer({"INPUT": np.ones((2, 64), np.float32)})
+            out, _ = await local_model(repo, "both", pool).infer({"INPUT": np.ones((2, 64), np.float32)})
             return states, out
         finally:
             await repo.aclose()

@@ -85,22 +85,23 @@ async def check_model(root: Path, name: str, *, samples: int = 32, atol: float =
     """
     from .. import runtimes
     from ..clock import MonotonicClock
+    from ..engine.local import local_model
     from ..repository import ModelState, Repository
 
     pool = ThreadPoolExecutor(2)
-    repository = Repository(root, clock=MonotonicClock(), pool=pool, backend_factory=runtimes.create)
+    repository = Repository(root, clock=MonotonicClock(), backend_factory=runtimes.create)
     entry = await repository.load(name)
     if entry.state is not ModelState.READY or entry.served is None:
         raise RuntimeError(f"model '{name}' did not load: {entry.reason}")
-    served = entry.served
+    model = local_model(repository, name, pool)
     try:
         rng = np.random.default_rng(seed)
-        sample_fn = getattr(served.handler, "samples", None)
-        requests = sample_fn(samples, rng) if sample_fn else synthesize(served.spec, samples, rng)
-        alone = [await served.infer(r) for r in requests]
-        stats = served.dispatcher.stats
+        sample_fn = getattr(model.handler, "samples", None)
+        requests = sample_fn(samples, rng) if sample_fn else synthesize(model.spec, samples, rng)
+        alone = [(await model.infer(r))[0] for r in requests]
+        stats = entry.served.dispatcher.stats
         runs, rows = stats.batches, stats.rows
-        together = await asyncio.gather(*(served.infer(r) for r in requests))
+        together = [out for out, _deadline in await asyncio.gather(*(model.infer(r) for r in requests))]
         mean_batch = (stats.rows - rows) / max(stats.batches - runs, 1)
     finally:
         await repository.aclose()

@@ -99,7 +99,7 @@ def raw_throughput(model_dir: Path, texts: list[str], batch_size: int) -> float:
     """Sentences/s of the handler + ONNX Runtime, no server, in batches of ``batch_size``."""
     import onnxruntime as ort
 
-    from ..pipeline import load_handler
+    from ..handlers import load_handler
     from ..repository import load_spec
     from ..runtimes.base import Batch, StagingBuffers, pack
     from ..runtimes.onnxruntime import engine_tensors

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def measure(root: Path, name: str, lengths: list[int], repeats: int) -> dict[int, dict[int, float]]:
     """length → batch size → median seconds per batch, on the model's own engine."""
     from .. import runtimes
-    from ..pipeline import sample_inputs
+    from ..engine.model import sample_inputs
     from ..repository import load_spec
     from ..runtimes.base import Batch
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...client import build_request
-from ...pipeline import load_handler
+from ...handlers import load_handler
 from ...repository import load_spec
 from ...runtimes.base import Batch, StagingBuffers, Tensors, pack
 from ...spec import ModelSpec, TensorSpec

@@ -1,4 +1,5 @@
-"""``trtserve.v1.ModelControl``: read and change a model's batching policy at run time.
+"""``trtserve.v1.ModelControl`` in the engine core: read and change a model's batching policy
+at run time (the front ends forward the RPC, :mod:`trtserve.frontend.control`).
 
 A change replaces the dispatcher's :class:`~trtserve.config.BatchingPolicy` and
 applies to the next batch it forms; nothing queued or running is dropped. Errors map to
@@ -12,11 +13,10 @@ import dataclasses
 import math
 from typing import Any
 
-from ._proto.trtserve.v1 import control_pb2 as pb
-from ._proto.trtserve.v1 import control_pb2_grpc as pb_grpc
-from .config import BatchingPolicy
-from .errors import InvalidRequest
-from .repository import Repository
+from .._proto.trtserve.v1 import control_pb2 as pb
+from ..config import BatchingPolicy
+from ..errors import InvalidRequest
+from ..repository import Repository
 
 
 def _us(seconds: float) -> int:
@@ -74,28 +74,24 @@ def apply_update(policy: BatchingPolicy, update: pb.BatchingPolicy, paths: list[
         raise InvalidRequest(str(exc)) from None
 
 
-class ModelControlService(pb_grpc.ModelControlServicer):
-    """The admin service over a :class:`~trtserve.repository.Repository`.
+def get_policy(repository: Repository, request: pb.GetPolicyRequest) -> pb.BatchingPolicy:
+    """GetPolicy: the batching policy in force for ``request.model_name``.
 
-    Args:
-        repository: the loaded models.
-        call: the inference service's error-mapping helper (``InferenceService._call``).
+    Raises:
+        ModelNotFound (NOT_FOUND), ModelNotReady (UNAVAILABLE): see :meth:`Repository.get`.
     """
+    return to_message(repository.get(request.model_name).dispatcher.policy)
 
-    def __init__(self, repository: Repository, call: Any) -> None:
-        self.repository = repository
-        self._call = call
 
-    async def GetPolicy(self, request: pb.GetPolicyRequest, context: Any) -> pb.BatchingPolicy:
-        served = await self._call(context, self.repository.get, request.model_name)
-        return to_message(served.dispatcher.policy)
+def set_policy(repository: Repository, request: pb.SetPolicyRequest) -> pb.BatchingPolicy:
+    """SetPolicy: change the fields named in ``request.update_mask`` for the next batch on.
 
-    async def SetPolicy(self, request: pb.SetPolicyRequest, context: Any) -> pb.BatchingPolicy:
-        return await self._call(context, self._set, request)
-
-    def _set(self, request: pb.SetPolicyRequest) -> pb.BatchingPolicy:
-        served = self.repository.get(request.model_name)
-        dispatcher = served.dispatcher
-        new = apply_update(dispatcher.policy, request.policy, list(request.update_mask.paths), served.spec.policy.max_batch_size)
-        dispatcher.set_policy(new)
-        return to_message(new)
+    Raises:
+        ModelNotFound, ModelNotReady: see :meth:`Repository.get`.
+        InvalidRequest (INVALID_ARGUMENT): see :func:`apply_update`.
+    """
+    served = repository.get(request.model_name)
+    dispatcher = served.dispatcher
+    new = apply_update(dispatcher.policy, request.policy, list(request.update_mask.paths), served.spec.policy.max_batch_size)
+    dispatcher.set_policy(new)
+    return to_message(new)

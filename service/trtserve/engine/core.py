@@ -1,0 +1,254 @@
+"""The engine core: one process holding every model's dispatcher and execution slots.
+
+Front ends (:mod:`trtserve.frontend`) do everything per request — auth, decoding, validation,
+the handler's tokenizing, encoding — and send the engine rows here over ZeroMQ
+(:mod:`trtserve.engine.wire`). The core only admits (deadline, priority), batches and runs,
+so its timing decisions are not delayed by request parsing.
+
+One asyncio loop owns all state: the ROUTER socket's messages are handled on it, one at a
+time, and each request's future answers its front end when it resolves. A cancelled call's
+``cancel`` message, or the death of its front end (watched through a pidfd), takes its rows
+out of the queue at once: they never run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from .._proto.trtserve.v1 import control_pb2
+from ..batching.queue import Segment
+from ..errors import TrtServeError
+from ..metrics import MetricsServer, RequestStats, TrtServeCollector
+from ..repository import ModelState, Repository
+from . import control, statistics, wire
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FrontendPeer:
+    """One connected front end, as the core knows it.
+
+    Attributes:
+        identity: its ZeroMQ routing id.
+        pid: its process id (0 when unknown).
+        active: requests in flight there, as it last reported (for ``trtserve_inflight_requests``).
+        pending: request id → the dispatcher future answering it.
+    """
+
+    identity: bytes
+    pid: int = 0
+    active: int = 0
+    pending: dict[int, asyncio.Future[list[Segment]]] = field(default_factory=dict)
+
+
+class EngineCore:
+    """Serves ``repository`` to front ends connecting to ``address``.
+
+    Args:
+        repository: the models (loaded by :meth:`load`).
+        address: the ZeroMQ endpoint to bind (``ipc:///run/dir/engine.sock``).
+        metrics_host, metrics_port: serve Prometheus metrics there (port 0: ephemeral);
+            ``metrics_port=None``: no endpoint.
+
+    Lifecycle: :meth:`start` (bind, answer), :meth:`load` (models ready; front ends get the
+    model table), then :meth:`aclose` once every front end has drained: queued and running
+    requests finish, the runtimes close.
+    """
+
+    def __init__(
+        self,
+        repository: Repository,
+        address: str,
+        *,
+        metrics_host: str = "127.0.0.1",
+        metrics_port: int | None = None,
+    ) -> None:
+        self.repository = repository
+        self.address = address
+        self.clock = repository.clock
+        self.requests = RequestStats(repository.clock)
+        self.peers: dict[bytes, FrontendPeer] = {}
+        self.loaded = False
+        self.metrics: MetricsServer | None = None
+        self._metrics_at = (metrics_host, metrics_port)
+        self._context = zmq.asyncio.Context.instance()
+        self._socket: zmq.asyncio.Socket | None = None
+        self._receiver: asyncio.Task[None] | None = None
+        self._queries: dict[str, Callable[[Any], Any]] = {
+            "server_ready": lambda _arg: self.loaded and self.repository.ready,
+            "model_ready": lambda arg: statistics.model_ready(self.repository, *arg),
+            "statistics": lambda arg: statistics.model_statistics(self.repository, self.requests, *arg).SerializeToString(),
+            "index": lambda arg: statistics.repository_index(self.repository, arg).SerializeToString(),
+            "get_policy": lambda arg: control.get_policy(
+                self.repository, control_pb2.GetPolicyRequest.FromString(arg)).SerializeToString(),
+            "set_policy": lambda arg: control.set_policy(
+                self.repository, control_pb2.SetPolicyRequest.FromString(arg)).SerializeToString(),
+        }
+
+    @property
+    def inflight(self) -> int:
+        """Requests in flight over every front end (as each last reported)."""
+        return sum(p.active for p in list(self.peers.values()))
+
+    async def start(self) -> None:
+        """Bind the socket and start answering (models may still be loading).
+
+        Raises:
+            zmq.ZMQError: the address cannot be bound.
+            OSError: the metrics address cannot be bound.
+        """
+        sock = self._context.socket(zmq.ROUTER)
+        # No high-water mark: a ROUTER drops messages past it. What is in flight is bounded
+        # by the front ends' admission instead.
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(self.address)
+        self._socket = sock
+        host, port = self._metrics_at
+        if port is not None:
+            self.metrics = MetricsServer(TrtServeCollector(self.repository, self.requests, lambda: self.inflight, self.clock), host, port)
+        self._receiver = asyncio.get_running_loop().create_task(self._receive(), name="engine-core")
+
+    async def load(self) -> None:
+        """Load every model of the repository, then send the model table to the front ends."""
+        await self.repository.load_all()
+        self.loaded = True
+        for peer in list(self.peers.values()):
+            self._send_table(peer.identity)
+
+    async def aclose(self) -> None:
+        """Finish everything queued and running, close the runtimes, then stop answering."""
+        await self.repository.aclose()
+        if self._receiver is not None:
+            self._receiver.cancel()
+            await asyncio.gather(self._receiver, return_exceptions=True)
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        if self.metrics is not None:
+            self.metrics.close()
+
+    # -- messages -----------------------------------------------------------------------
+
+    async def _receive(self) -> None:
+        assert self._socket is not None
+        while True:
+            identity, head, *frames = await self._socket.recv_multipart(copy=False)
+            try:
+                self._handle(identity.bytes, wire.read_header(head), frames)
+            except Exception:  # a bug handling one message must not stop the core
+                log.exception("engine core: message from %r failed", identity.bytes)
+
+    def _handle(self, identity: bytes, head: tuple[Any, ...], frames: list[Any]) -> None:
+        kind = head[0]
+        peer = self.peers.get(identity)
+        if peer is None:
+            peer = self.peers[identity] = FrontendPeer(identity)
+        if kind == "infer":
+            self._infer(peer, *head[1:], frames=frames)
+        elif kind == "cancel":
+            future = peer.pending.pop(head[1], None)
+            if future is not None:
+                future.cancel()
+        elif kind == "records":
+            self._records(peer, head[1], head[2])
+        elif kind == "query":
+            self._query(peer, head[1], head[2], head[3])
+        elif kind == "hello":
+            peer.pid = head[1]
+            self._watch(peer)
+            if self.loaded:
+                self._send_table(identity)
+        else:
+            log.error("engine core: unknown message kind %r", kind)
+
+    def _infer(self, peer: FrontendPeer, rid: int, model: str, version: str, priority: int,
+               timeout: float | None, deadline: float, layout: wire.Layout, *, frames: list[Any]) -> None:
+        try:
+            served = self.repository.get(model, version)
+            future, resolved = served.submit(wire.unpack(layout, frames), priority=priority, timeout=timeout, deadline=deadline)
+        except TrtServeError as exc:
+            self._send(peer.identity, wire.header("error", rid, type(exc).__name__, str(exc)))
+            return
+        peer.pending[rid] = future
+        future.add_done_callback(partial(self._answer, peer, rid, resolved))
+
+    def _answer(self, peer: FrontendPeer, rid: int, deadline: float, future: asyncio.Future[list[Segment]]) -> None:
+        peer.pending.pop(rid, None)
+        if future.cancelled():
+            return  # the caller went away; nobody reads an answer
+        exc = future.exception()
+        if exc is not None:
+            name = type(exc).__name__ if isinstance(exc, TrtServeError) else "BackendError"
+            self._send(peer.identity, wire.header("error", rid, name, str(exc)))
+            return
+        layout, frames = wire.pack(future.result())
+        self._send(peer.identity, wire.header("result", rid, deadline, layout), *frames)
+
+    def _records(self, peer: FrontendPeer, active: int, records: list[tuple[str, str, float, bool, bool]]) -> None:
+        peer.active = active
+        for model, code, seconds, queue_full, late in records:
+            self.requests.record(model, code, seconds, queue_full=queue_full)
+            if late:
+                self.requests.finished_late(model)
+
+    def _query(self, peer: FrontendPeer, rid: int, what: str, arg: Any) -> None:
+        try:
+            value = self._queries[what](arg)
+        except TrtServeError as exc:
+            self._send(peer.identity, wire.header("reply", rid, False, (type(exc).__name__, str(exc))))
+            return
+        self._send(peer.identity, wire.header("reply", rid, True, value))
+
+    def _send_table(self, identity: bytes) -> None:
+        table = [
+            (name, e.state.value, e.reason, wire.spec_out(e.spec) if e.state is ModelState.READY and e.spec else None)
+            for name, e in sorted(self.repository.models.items())
+        ]
+        self._send(identity, wire.header("table", self.loaded, table))
+
+    def _send(self, identity: bytes, *frames: Any) -> None:
+        assert self._socket is not None
+        self._socket.send_multipart((identity, *frames), copy=False)
+
+    # -- front ends that die --------------------------------------------------------------
+
+    def _watch(self, peer: FrontendPeer) -> None:
+        """Forget ``peer`` when its process ends: its queued rows leave the queue unrun."""
+        if peer.pid in (0, os.getpid()):
+            return
+        try:
+            fd = os.pidfd_open(peer.pid)
+        except (ProcessLookupError, OSError):
+            self._gone(peer)
+            return
+        loop = asyncio.get_running_loop()
+
+        def ended() -> None:
+            loop.remove_reader(fd)
+            os.close(fd)
+            self._gone(peer)
+
+        loop.add_reader(fd, ended)
+
+    def _gone(self, peer: FrontendPeer) -> None:
+        self.peers.pop(peer.identity, None)
+        pending = list(peer.pending.values())
+        peer.pending.clear()
+        for future in pending:
+            future.cancel()
+        if pending:
+            log.warning("front end (pid %d) is gone: %d of its request(s) left the queue", peer.pid, len(pending))
+
+
+__all__ = ["EngineCore", "FrontendPeer"]

@@ -1,0 +1,137 @@
+"""One model inside the engine core: its runtime and its batching dispatcher.
+
+The engine core runs engine rows; the handler's pre/post-processing and everything per
+request run in the front ends (:mod:`trtserve.frontend.pipeline`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..batching.admission import admit
+from ..batching.dispatcher import Dispatcher
+from ..batching.latency import LatencyModel
+from ..clock import Clock
+from ..handlers import has_handler
+from ..batching.queue import Segment
+from ..runtimes.base import Backend, Tensors
+from ..spec import ModelSpec, TensorSpec
+
+WARMUP_LENGTH = 16
+WARMUP_SWEEPS = 2
+"""Warm-up passes over the batch sizes; the last one seeds the latency model."""
+
+
+class EngineModel:
+    """A loaded model: spec, runtime and dispatcher.
+
+    Args:
+        spec: the model's configuration.
+        backend: its engine runtime.
+        clock: time source for deadlines.
+
+    Raises:
+        ValueError: a model without a handler whose config tensors are not the engine's own
+            (see :func:`check_engine_io`).
+    """
+
+    def __init__(self, spec: ModelSpec, backend: Backend, *, clock: Clock) -> None:
+        self.spec = spec
+        self.backend = backend
+        self.clock = clock
+        if not has_handler(spec):
+            check_engine_io(spec, backend)
+        self.dispatcher = Dispatcher(backend, spec.policy, clock=clock)
+
+    async def start(self) -> None:
+        """Start the dispatcher and warm the model up: synthetic batches of 1, 2, 4, ...
+        ``max_batch_size`` rows (variable dims at ``warmup_length``, parameter, default 16),
+        run ``WARMUP_SWEEPS`` times, so that the first real request pays for no lazy
+        initialisation and the latency model starts from a measured profile (of the last
+        sweep). The model is reported ready only after this."""
+        self.dispatcher.start()
+        length = int(self.spec.parameters.get("warmup_length", WARMUP_LENGTH))
+        sizes = [1]
+        while sizes[-1] * 2 <= self.spec.policy.max_batch_size:
+            sizes.append(sizes[-1] * 2)
+        if sizes[-1] < self.spec.policy.max_batch_size:
+            sizes.append(self.spec.policy.max_batch_size)
+        for sweep in range(WARMUP_SWEEPS):
+            if sweep == WARMUP_SWEEPS - 1:
+                # The first sweep pays for first-run costs (allocations, kernel selection, a
+                # cold cache); only the last one seeds the latency model.
+                self.dispatcher.latency = LatencyModel()
+            for rows in sizes:
+                warm = sample_inputs(self.backend.inputs, rows, length)
+                await self.dispatcher.submit([self.backend.prepare(warm)])
+        self.dispatcher.stats.reset()  # statistics and metrics count traffic, not the warm-up
+
+    def submit(
+        self, segments: list[Segment], *, priority: int = 0, timeout: float | None = None, deadline: float = math.inf
+    ) -> tuple[asyncio.Future[list[Segment]], float]:
+        """Admit one request's engine rows: convert them for the engine, resolve the deadline
+        (:func:`~trtserve.batching.admission.admit`) and queue them. Returns at once.
+
+        Args:
+            segments: engine-input name → array with rows on axis 0, one dict per segment.
+            priority, timeout: the request's parameters (timeout in seconds, or ``None``).
+            deadline: the gRPC deadline, monotonic seconds (``math.inf``: none).
+
+        Returns:
+            (future of one output dict per segment, the resolved deadline).
+
+        Raises:
+            InvalidRequest, QueueFull, RequestTimeout, ShuttingDown: see
+            ``Backend.prepare``, :func:`~trtserve.batching.admission.admit` and
+            :meth:`Dispatcher.submit`.
+        """
+        prepared = [self.backend.prepare(s) for s in segments]
+        _level, resolved = admit(self.dispatcher.policy, priority, timeout, deadline, self.clock.now())
+        return self.dispatcher.submit(prepared, priority=priority, deadline=resolved), resolved
+
+    async def aclose(self) -> None:
+        """Finish queued and running requests, then release the runtime."""
+        await self.dispatcher.aclose()
+        await self.backend.aclose()
+
+
+def check_engine_io(spec: ModelSpec, backend: Backend) -> None:
+    """Without a handler, the config's tensors must be the engine's own.
+
+    Raises:
+        ValueError: a configured input or output the engine lacks, or whose datatype differs.
+    """
+    for kind, configured, actual in (("input", spec.inputs, backend.inputs), ("output", spec.outputs, backend.outputs)):
+        engine = {t.name: t for t in actual}
+        for t in configured:
+            e = engine.get(t.name)
+            if e is None:
+                raise ValueError(
+                    f"config {kind} '{t.name}' is not in the model file (it has {sorted(engine)})"
+                )
+            if e.datatype != t.datatype:
+                raise ValueError(
+                    f"config {kind} '{t.name}' is {t.datatype.name} but the model file has {e.datatype.name}"
+                )
+    missing = {t.name for t in backend.inputs} - {t.name for t in spec.inputs}
+    if missing:
+        raise ValueError(f"the model file needs inputs {sorted(missing)} that the config does not declare")
+
+
+def sample_inputs(specs: Sequence[TensorSpec], rows: int, length: int) -> Tensors:
+    """Zero-filled engine inputs of ``rows`` rows, variable (-1) dims at ``length``
+    (BYTES as empty strings): for warm-up and profiling."""
+    out: Tensors = {}
+    for t in specs:
+        shape = (rows, *(length if d == -1 else d for d in t.dims))
+        if t.datatype.numpy == np.dtype(object):
+            arr = np.empty(shape, dtype=object)
+            arr.fill(b"")
+        else:
+            arr = np.zeros(shape, dtype=t.datatype.numpy)
+        out[t.name] = arr
+    return out

@@ -1,0 +1,77 @@
+"""Whole-server answers built in the engine core: ModelStatistics, RepositoryIndex, readiness.
+
+The engine core owns every model's batching numbers (:class:`~trtserve.batching.stats.DispatchStats`)
+and the request outcomes that every front end ships to it (:class:`~trtserve.metrics.RequestStats`),
+so these answers are the same whichever front end a client reached.
+"""
+
+from __future__ import annotations
+
+from .._proto.inference import grpc_service_pb2 as pb
+from ..errors import ModelNotReady, TrtServeError
+from ..metrics import ModelRequests, RequestStats
+from ..repository import ModelState, Repository
+
+
+def model_statistics(repository: Repository, requests: RequestStats, name: str, version: str) -> pb.ModelStatisticsResponse:
+    """Triton's ModelStatistics for model ``name`` (every ready model when empty).
+
+    Fields as Triton means them: success/fail per request (decode to answer), queue per
+    request, compute_infer per request (each charged its batch's run time), batch_stats per run.
+
+    Raises:
+        ModelNotFound (NOT_FOUND): no such model or version. A model that is not ready is
+            left out.
+    """
+    names = [name] if name else sorted(repository.models)
+    response = pb.ModelStatisticsResponse()
+    for model in names:
+        try:
+            served = repository.get(model, version)
+        except ModelNotReady:
+            continue
+        stats = served.dispatcher.stats
+        model_stats = response.model_stats.add(
+            name=model,
+            version=served.spec.version,
+            last_inference=requests.last_inference_ms(model),
+            inference_count=stats.rows,
+            execution_count=stats.batches,
+        )
+        infer = model_stats.inference_stats
+        (ok_n, ok_s), (fail_n, fail_s) = requests.models.get(model, ModelRequests()).totals()
+        queue_counts, queue_s = stats.queue.snapshot()
+        for field, count, seconds in (
+            (infer.success, ok_n, ok_s),
+            (infer.fail, fail_n, fail_s),
+            (infer.queue, sum(queue_counts), queue_s),
+            (infer.compute_infer, stats.request_runs, stats.request_compute_seconds),
+        ):
+            field.count, field.ns = count, int(seconds * 1e9)
+        for size, runs in sorted(stats.batch_sizes.items()):
+            batch = model_stats.batch_stats.add(batch_size=size)
+            batch.compute_infer.count = runs
+            batch.compute_infer.ns = int(stats.batch_seconds[size] * 1e9)
+    return response
+
+
+def repository_index(repository: Repository, ready_only: bool) -> pb.RepositoryIndexResponse:
+    """Triton's RepositoryIndex: every model found, with its state and reason."""
+    response = pb.RepositoryIndexResponse()
+    for name, entry in sorted(repository.models.items()):
+        if ready_only and entry.state is not ModelState.READY:
+            continue
+        version = entry.spec.version if entry.spec else ""
+        response.models.add(name=name, version=version, state=entry.state.value, reason=entry.reason)
+    return response
+
+
+def model_ready(repository: Repository, name: str, version: str) -> bool:
+    """ModelReady: loaded, and not every execution slot hung (``Dispatcher.healthy``), so a
+    load balancer polling it routes away from a wedged model."""
+    try:
+        served = repository.get(name, version)
+    except TrtServeError:
+        return False
+    return served.dispatcher.healthy
+

@@ -1,0 +1,216 @@
+"""A front end's connection to the engine core (ZeroMQ DEALER; messages in :mod:`trtserve.engine.wire`).
+
+:meth:`EngineClient.infer` sends one request's engine rows and waits for its outputs; if the
+waiting task is cancelled (the gRPC call was cancelled or its deadline passed), a ``cancel``
+message takes the rows out of the engine core's queue. Request outcomes are shipped to the
+engine core in small batches (:meth:`EngineClient.record`), so ModelStatistics and the
+metrics count every front end's requests; a query sends the outcomes recorded before it first,
+so a client that asks right after its own request sees it counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from ..batching.queue import Segment
+from ..errors import ModelNotFound, ModelNotReady, ShuttingDown
+from ..engine import wire
+from ..spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One model as the engine core reported it: state (Triton's RepositoryIndex names),
+    the reason it is not ready, and its spec when READY."""
+
+    name: str
+    state: str
+    reason: str
+    spec: ModelSpec | None
+
+
+class EngineClient:
+    """Talks to the engine core at ``address``.
+
+    Attributes:
+        models: the model table the engine core sent (empty until :attr:`loaded` is set).
+        loaded: set once the engine core has loaded its models and sent the table.
+        lost: set if the engine core stops answering for good (the socket closed).
+    """
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.models: dict[str, ModelInfo] = {}
+        self.loaded = asyncio.Event()
+        self._context = zmq.asyncio.Context.instance()
+        self._socket: zmq.asyncio.Socket | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._records: list[tuple[str, str, float, bool, bool]] = []
+        self._active = 0
+        self._sent_active = 0
+        self._flush_scheduled = False
+        self._receiver: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        """Connect and say hello (the engine core answers with the model table once loaded)."""
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        self._socket = sock
+        self._receiver = asyncio.get_running_loop().create_task(self._receive(), name="engine-client")
+        self._send(wire.header("hello", os.getpid()))
+
+    async def aclose(self) -> None:
+        """Stop receiving; every call still waiting fails with ShuttingDown (UNAVAILABLE)."""
+        self._flush()
+        if self._receiver is not None:
+            self._receiver.cancel()
+            await asyncio.gather(self._receiver, return_exceptions=True)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ShuttingDown("the front end is closing its connection to the engine core"))
+        self._pending.clear()
+        if self._socket is not None:
+            self._socket.close(linger=0)
+
+    def model(self, name: str) -> ModelInfo:
+        """The table entry of ``name``.
+
+        Raises:
+            ModelNotReady (UNAVAILABLE): the engine core has not sent its table yet.
+            ModelNotFound (NOT_FOUND): no such model.
+        """
+        if not self.loaded.is_set():
+            raise ModelNotReady("the server is still loading its models")
+        info = self.models.get(name)
+        if info is None:
+            raise ModelNotFound(f"unknown model '{name}'")
+        return info
+
+    async def infer(
+        self, model: str, version: str, segments: list[Segment], *, priority: int = 0,
+        timeout: float | None = None, deadline: float = math.inf,
+    ) -> tuple[list[Segment], float]:
+        """Run one request's engine rows in the engine core.
+
+        Args:
+            model, version: the served model (``version`` as the spec says).
+            segments: engine-input name → array with rows on axis 0, one dict per segment.
+            priority: the ``priority`` parameter (1 is the most urgent; 0 for the default).
+            timeout: the ``timeout`` parameter in seconds, or ``None``.
+            deadline: the gRPC deadline, monotonic seconds (``math.inf``: none).
+
+        Returns:
+            (one output dict per segment, arrays viewing the reply's frames; the deadline the
+            engine core resolved, monotonic seconds).
+
+        Raises:
+            InvalidRequest, QueueFull, RequestTimeout, ShuttingDown, BackendError, ModelNotReady,
+            ModelNotFound: as the engine core answered.
+        """
+        rid = next(self._ids)
+        layout, frames = wire.pack(segments)
+        future: asyncio.Future[tuple[list[Segment], float]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        self._send(wire.header("infer", rid, model, version, priority, timeout, deadline, layout), *frames)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._pending.pop(rid, None) is not None:
+                self._send(wire.header("cancel", rid))
+            raise
+
+    async def query(self, what: str, arg: Any = None) -> Any:
+        """Ask the engine core (``what`` as in ``EngineCore``'s query table); returns its value.
+
+        Raises:
+            TrtServeError: the engine core's error for this query (ModelNotFound, ...).
+        """
+        self._flush()
+        rid = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        self._send(wire.header("query", rid, what, arg))
+        try:
+            return await future
+        finally:
+            self._pending.pop(rid, None)
+
+    def record(self, model: str, code: str, seconds: float, *, queue_full: bool, late: bool) -> None:
+        """Count one answered request (sent with others on the next turn of the loop).
+
+        Args:
+            model: its model name (or ``metrics.UNKNOWN_MODEL``); ``code``: the gRPC status name.
+            seconds: from decoding to the encoded answer.
+            queue_full: refused because the queue was full; ``late``: answered OK after its deadline.
+        """
+        self._records.append((model, code, seconds, queue_full, late))
+        self._schedule_flush()
+
+    def set_active(self, active: int) -> None:
+        """Requests in flight at this front end now (sent on the next turn of the loop)."""
+        self._active = active
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if (self._records or self._active != self._sent_active) and self._socket is not None:
+            records, self._records = self._records, []
+            self._sent_active = self._active
+            self._send(wire.header("records", self._active, records))
+
+    def _send(self, *frames: Any) -> None:
+        assert self._socket is not None
+        self._socket.send_multipart(frames, copy=False)
+
+    async def _receive(self) -> None:
+        assert self._socket is not None
+        while True:
+            head, *frames = await self._socket.recv_multipart(copy=False)
+            try:
+                self._handle(wire.read_header(head), frames)
+            except Exception:  # one bad reply must not stop every other call's answers
+                log.exception("front end: a message from the engine core failed")
+
+    def _handle(self, head: tuple[Any, ...], frames: list[Any]) -> None:
+        kind = head[0]
+        if kind == "table":
+            _, loaded, table = head
+            self.models = {name: ModelInfo(name, state, reason, wire.spec_in(*spec) if spec else None)
+                           for name, state, reason, spec in table}
+            if loaded:
+                self.loaded.set()
+            return
+        future = self._pending.pop(head[1], None)
+        if future is None or future.done():
+            return  # cancelled meanwhile
+        if kind == "result":
+            _, _, deadline, layout = head
+            future.set_result((wire.unpack(layout, frames), deadline))
+        elif kind == "error":
+            future.set_exception(wire.error_of(head[2], head[3]))
+        elif kind == "reply":
+            _, _, ok, value = head
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(wire.error_of(*value))

@@ -1,0 +1,278 @@
+"""``inference.GRPCInferenceService`` in a front end (``grpc.aio``).
+
+An adapter: protobuf in → codec → :class:`~trtserve.frontend.pipeline.FrontendModel` (handler,
+then the engine core) → codec → protobuf out. Errors from the layers below are mapped to gRPC
+status codes once (:mod:`trtserve.frontend.status`). Whole-server answers (ServerReady,
+ModelReady, ModelStatistics, RepositoryIndex) come from the engine core, so every front end
+gives the same ones.
+
+A request's deadline is the earliest of its gRPC deadline, its ``timeout`` parameter
+(:mod:`trtserve.protocol.parameters`) and the model's default (the admission rule,
+:func:`trtserve.batching.admission.admit`, applied in the engine core). Stream responses come
+back in completion order, each carrying its request ``id``; an error for one message is sent as
+that message's ``error_message`` and the stream goes on (:mod:`trtserve.frontend.stream`).
+
+Beside it the front end runs ``grpc.health.v1.Health`` (NOT_SERVING while models load and
+while draining, SERVING otherwise when every model is ready) and server reflection. Every
+request's outcome and duration is recorded once and shipped to the engine core
+(:meth:`EngineClient.record <trtserve.frontend.engine_client.EngineClient.record>`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from concurrent.futures import Executor
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2
+
+from .. import __version__
+from .._proto.inference import grpc_service_pb2 as pb
+from .._proto.inference import grpc_service_pb2_grpc as pb_grpc
+from ..clock import Clock
+from ..errors import ModelNotFound, ModelNotReady, QueueFull, ResponseTooLarge, ShuttingDown, TrtServeError
+from ..logs import REQUEST_LOGGER
+from ..metrics import UNKNOWN_MODEL
+from ..protocol import codec
+from ..protocol.parameters import request_parameters
+from ..repository import ModelState
+from .engine_client import EngineClient
+from .lifecycle import GRACE_EXPIRED, REFUSED, Admission
+from .pipeline import FrontendModel
+from .status import status_for
+from .stream import serve_stream
+
+log = logging.getLogger(__name__)
+_requests_log = logging.getLogger(REQUEST_LOGGER)
+
+DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+DEFAULT_STREAM_INFLIGHT = 256
+EXTENSIONS = ["model_configuration", "parameters", "schedule_policy", "statistics"]
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    """The KServe v2 / Triton inference service of one front end.
+
+    Args:
+        engine: the connection to the engine core (connected).
+        clock: the monotonic clock (deadlines cross to the engine core as its times).
+        pool: executor for the handlers' pre/post-processing.
+        max_send_bytes: a response larger than this fails with RESOURCE_EXHAUSTED, alone.
+        stream_inflight: requests of one stream being processed at once; beyond it the
+            front end stops reading the stream (HTTP/2 flow control pushes back on the client).
+        max_request_elements: most tensor elements one request may declare, over all its
+            inputs; checked from the shapes before anything is allocated.
+
+    Until :meth:`loaded` it is not ready, health says NOT_SERVING, and requests are
+    UNAVAILABLE ("still loading").
+    """
+
+    def __init__(
+        self,
+        engine: EngineClient,
+        clock: Clock,
+        pool: Executor,
+        *,
+        max_send_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        stream_inflight: int = DEFAULT_STREAM_INFLIGHT,
+        max_request_elements: int = codec.MAX_ELEMENTS,
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.pool = pool
+        self.max_send_bytes = max_send_bytes
+        self.stream_inflight = stream_inflight
+        self.max_request_elements = max_request_elements
+        self.admission = Admission(on_change=engine.set_active)
+        self.health = health.aio.HealthServicer()
+        self.models: dict[str, FrontendModel] = {}
+        self.unavailable: dict[str, str] = {}  # model → why this front end cannot serve it
+        self.wake_streams: set[asyncio.Queue[Any]] = set()  # outboxes of the open streams
+
+    # -- readiness, admission and drain ---------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        """Loaded with every model ready here, and not draining (health SERVING)."""
+        return (not self.admission.draining and self.engine.loaded.is_set() and not self.unavailable
+                and all(m.state == ModelState.READY.value for m in self.engine.models.values()))
+
+    async def update_health(self) -> None:
+        """Publish :attr:`serving` to the health service (for the server and the inference service)."""
+        status = health_pb2.HealthCheckResponse.SERVING if self.serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def loaded(self) -> None:
+        """Wait for the engine core's model table, load each ready model's handler (off the
+        loop), then follow the models in readiness and health."""
+        await self.engine.loaded.wait()
+        for name, info in sorted(self.engine.models.items()):
+            if info.spec is None:
+                continue
+            try:
+                self.models[name] = await asyncio.to_thread(FrontendModel, info.spec, self.engine, pool=self.pool)
+            except Exception as exc:  # this model is unavailable here; the others serve
+                self.unavailable[name] = f"its handler failed to load: {type(exc).__name__}: {exc}"
+                log.error("model %s: %s", name, self.unavailable[name])
+        await self.update_health()
+
+    async def begin_drain(self) -> None:
+        """Stop admitting (new requests: UNAVAILABLE), not ready, health NOT_SERVING; streams
+        end OK once everything they had admitted is answered."""
+        self.admission.begin_drain()
+        await self.health.enter_graceful_shutdown()
+        for outbox in list(self.wake_streams):
+            outbox.put_nowait(None)
+
+    # -- health and metadata --------------------------------------------------------------
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        if not self.serving:
+            return pb.ServerReadyResponse(ready=False)
+        return pb.ServerReadyResponse(ready=bool(await self.engine.query("server_ready")))
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        """Ready: loaded, not draining, and not every execution slot hung, so a load balancer
+        polling it routes away from a wedged model."""
+        if self.admission.draining or request.name not in self.models:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=bool(await self.engine.query("model_ready", (request.name, request.version))))
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name="trtserve", version=__version__, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        spec = (await self._call(context, self._model, request.name, request.version)).spec
+        response = pb.ModelMetadataResponse(name=spec.name, versions=[spec.version], platform=spec.platform)
+        for tensors, field in ((spec.inputs, response.inputs), (spec.outputs, response.outputs)):
+            for t in tensors:
+                field.add(name=t.name, datatype=t.datatype.name, shape=t.shape(spec.batched))
+        return response
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        spec = (await self._call(context, self._model, request.name, request.version)).spec
+        return pb.ModelConfigResponse(config=spec.config)
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
+        data = await self._call(context, self.engine.query, "statistics", (request.name, request.version))
+        return pb.ModelStatisticsResponse.FromString(data)
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
+        data = await self._call(context, self.engine.query, "index", request.ready)
+        return pb.RepositoryIndexResponse.FromString(data)
+
+    # -- inference --------------------------------------------------------------------------
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        task = asyncio.current_task()
+        admitted = self.admission.admit()
+        if admitted and task is not None:
+            self.admission.track(task)
+        try:
+            return await self._call(context, self.answer, request, context.time_remaining(), admitted)
+        except asyncio.CancelledError:
+            if not self.admission.expired:
+                raise
+            await context.abort(grpc.StatusCode.UNAVAILABLE, GRACE_EXPIRED)
+        finally:
+            if admitted:
+                self.admission.release(task)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        # grpc.aio wants an async generator function here; the pump is its own module.
+        async with aclosing(serve_stream(self, request_iterator, context)) as stream:
+            async for message in stream:
+                yield message
+
+    async def answer(self, request: pb.ModelInferRequest, remaining: float | None, admitted: bool) -> pb.ModelInferResponse:
+        """Answer one request (unary, or one stream message) and record its outcome once.
+
+        Raises:
+            TrtServeError: its status is the answer (ShuttingDown when not ``admitted``).
+        """
+        start = self.clock.now()
+        code, error, late = "OK", None, False
+        try:
+            if not admitted:
+                raise ShuttingDown(REFUSED)
+            response, late = await self._infer(request, remaining)
+            return response
+        except TrtServeError as exc:
+            code, error = status_for(exc).name, exc
+            raise
+        except asyncio.CancelledError:
+            code = "UNAVAILABLE" if self.admission.expired else "CANCELLED"
+            raise
+        except Exception:
+            code = "INTERNAL"
+            raise
+        finally:
+            seconds = self.clock.now() - start
+            name = request.model_name
+            self.engine.record(
+                name if name in self.engine.models else UNKNOWN_MODEL, code, seconds,
+                queue_full=isinstance(error, QueueFull), late=late,
+            )
+            if _requests_log.isEnabledFor(logging.DEBUG):
+                _requests_log.debug(
+                    "%s %s id=%s %.3f ms",
+                    code, name, request.id, seconds * 1e3,
+                    extra={"request_id": request.id, "model": name, "status": code, "duration_ms": round(seconds * 1e3, 3)},
+                )
+
+    async def _infer(self, request: pb.ModelInferRequest, remaining: float | None) -> tuple[pb.ModelInferResponse, bool]:
+        now = self.clock.now()
+        model = self._model(request.model_name, request.model_version)
+        spec = model.spec
+        inputs, _rows = codec.decode_inputs(request, spec, max_elements=self.max_request_elements)
+        chosen = codec.requested_outputs(request, spec)
+        priority, timeout = request_parameters(request)
+        outputs, deadline = await model.infer(
+            inputs, priority=priority, timeout=timeout, deadline=now + remaining if remaining is not None else float("inf")
+        )
+        late = self.clock.now() > deadline
+        response = codec.encode_response(spec, request.id, outputs, chosen)
+        size = response.ByteSize()
+        if size > self.max_send_bytes:
+            raise ResponseTooLarge(
+                f"the response is {size} bytes, more than the server's maximum send size of {self.max_send_bytes} bytes"
+            )
+        return response, late
+
+    def _model(self, name: str, version: str) -> FrontendModel:
+        """The model serving ``name`` (``version`` empty for the served one).
+
+        Raises:
+            ModelNotFound: no such model, or a version other than the served one.
+            ModelNotReady: loading, failed to load (with the reason), or unloading.
+        """
+        info = self.engine.model(name)
+        served = self.models.get(name)
+        if served is None:
+            reason = self.unavailable.get(name) or info.reason
+            why = f": {reason}" if reason else ""
+            state = info.state.lower() if info.state != ModelState.READY.value else "unavailable"
+            raise ModelNotReady(f"model '{name}' is {state}{why}")
+        if version and version != served.spec.version:
+            raise ModelNotFound(f"model '{name}' has no version '{version}' (serving version {served.spec.version})")
+        return served
+
+    async def _call(self, context: Any, fn: Any, *args: Any) -> Any:
+        try:
+            result = fn(*args)
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+        except TrtServeError as exc:
+            await context.abort(status_for(exc), str(exc))

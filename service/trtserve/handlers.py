@@ -1,0 +1,53 @@
+"""Model handlers: a model's own pre- and post-processing, beside its config.
+
+A model may have ``engines/<model>/handler.py`` defining::
+
+    class Handler:
+        def __init__(self, model_dir: pathlib.Path, spec: trtserve.spec.ModelSpec): ...
+        def preprocess(self, inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]] | dict[str, np.ndarray]
+        def postprocess(self, inputs: dict[str, np.ndarray], outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
+
+``preprocess`` turns one request's validated tensors into engine rows: one or more
+*segments*, each a dict of engine-input name → array with rows on axis 0 (segments may differ
+in their variable-length dims; the dispatcher pads to the longest row of each batch).
+``postprocess`` receives one output dict per segment, in order, cut back to that segment's
+rows, and returns the response tensors. Both run in the front-end processes (every core), on
+their CPU pool, so tokenizing request N+1 overlaps the engine running batch N. Raising
+:class:`~trtserve.errors.InvalidRequest` answers INVALID_ARGUMENT; any other exception is
+INTERNAL.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+from .spec import ModelSpec
+
+HANDLER_FILE = "handler.py"
+
+
+def has_handler(spec: ModelSpec) -> bool:
+    """Whether the model directory holds a ``handler.py``."""
+    return (spec.model_dir / HANDLER_FILE).is_file()
+
+
+def load_handler(spec: ModelSpec) -> Any | None:
+    """Instantiate ``Handler`` from ``<model_dir>/handler.py``, or ``None`` if there is no such file.
+
+    Raises:
+        ImportError / AttributeError: the file does not define ``Handler``; the model then
+            fails to load with that reason.
+    """
+    if not has_handler(spec):
+        return None
+    path = spec.model_dir / HANDLER_FILE
+    module_name = f"trtserve_handler_{spec.name}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    module_spec.loader.exec_module(module)
+    return module.Handler(spec.model_dir, spec)
