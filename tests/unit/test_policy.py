@@ -311,8 +311,11 @@ BUCKETING = [
         # lengths, but must not hand the aged request's place to a fresh priority-1 one.
         E("old-a", priority=2, length=4, arrival=NOW - 0.875), E("old-b", priority=2, length=4, arrival=NOW - 0.75),
         E("fresh", priority=1, length=4), E("long", priority=1, length=64),
-        policy=LEVELS, inputs=CAP2, latency=FLAT_LENGTHS, batch=(("old-a", 1), ("old-b", 1)),
-        marks=pytest.mark.xfail(strict=True, reason="bug: bucketing sorts by priority, undoing aging past the head")),
+        policy=LEVELS, inputs=CAP2, latency=FLAT_LENGTHS, batch=(("old-a", 1), ("old-b", 1))),
+    row("aged-rows-are-length-bucketed-among-themselves",
+        E("old-a", priority=2, length=4, arrival=NOW - 0.875), E("old-long", priority=2, length=64, arrival=NOW - 0.8125),
+        E("old-b", priority=3, length=4, arrival=NOW - 0.75), E("fresh", priority=1, length=4),
+        policy=LEVELS, inputs=CAP2, latency=FLAT_LENGTHS, batch=(("old-a", 1), ("old-b", 1))),
 ]
 
 

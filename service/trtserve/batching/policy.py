@@ -213,9 +213,9 @@ def _select(live: Sequence[QueueEntry], now: float, cap: int, policy: BatchingPo
     # level) missed its deadline already: aging must not bring it back ahead of live ones.
     aged = [e for e in live if now - e.arrival >= policy.priority_aging and e.priority == e.level]
     order: Sequence[QueueEntry] = live
+    seen = {id(e) for e in aged}
     if aged:
         aged.sort(key=lambda e: e.arrival)
-        seen = {id(e) for e in aged}
         order = aged + [e for e in live if id(e) not in seen]
     total = 0
     for e in order:
@@ -224,13 +224,17 @@ def _select(live: Sequence[QueueEntry], now: float, cap: int, policy: BatchingPo
             break
     if total <= cap or not policy.length_bucketing or len({e.length for e in order}) == 1:
         return _fill(order, cap)
-    # Length bucketing: the head, then every row near its deadline, then the closest lengths.
+    # Length bucketing: the head, then every row near its deadline, then the closest lengths
+    # within each level, aged requests counting as a level ahead of all others.
     head = order[0]
     urgent_before = now + URGENT_RUNS * latency.predict(cap, head.length)
     urgent = [e for e in order[1:] if e.deadline <= urgent_before]
     rest = sorted(
         (e for e in order[1:] if e.deadline > urgent_before),
-        key=lambda e: (e.priority, abs(e.length.bit_length() - head.length.bit_length())),
+        key=lambda e: (
+            (0, 0) if id(e) in seen else (1, e.priority),
+            abs(e.length.bit_length() - head.length.bit_length()),
+        ),
     )
     return _fill([head, *urgent, *rest], cap)
 
