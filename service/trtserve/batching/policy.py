@@ -6,7 +6,7 @@
    run time of a batch of one (of its length) can no longer be answered in time (at exactly
    that moment only if no slot is free to start it).
 2. **Select** rows up to the batch cap in (priority, deadline, arrival) order, requests waiting
-   longer than ``priority_aging`` first. When more rows wait than one batch holds and their
+   longer than ``priority_aging`` first (not those ``TimeoutAction.DELAY`` moved last). When more rows wait than one batch holds and their
    lengths vary, the batch is filled with the rows closest in length to the most urgent one
    (length bucketing: less padding), except that rows near their deadline are never passed
    over.
@@ -209,11 +209,13 @@ def _target_rows(rows: int, length: int, inputs: Inputs, policy: BatchingPolicy,
 def _select(live: Sequence[QueueEntry], now: float, cap: int, policy: BatchingPolicy, latency: LatencyModel) -> tuple[tuple[QueueEntry, int], ...]:
     """Rows for the next batch: aged requests first, then queue order; length-bucketed when
     more rows wait than fit and some of them are not near their deadline."""
-    aged = [e for e in live if now - e.arrival >= policy.priority_aging]
+    # A request TimeoutAction.DELAY moved behind everything (its priority is no longer its
+    # level) missed its deadline already: aging must not bring it back ahead of live ones.
+    aged = [e for e in live if now - e.arrival >= policy.priority_aging and e.priority == e.level]
     order: Sequence[QueueEntry] = live
+    seen = {id(e) for e in aged}
     if aged:
         aged.sort(key=lambda e: e.arrival)
-        seen = {id(e) for e in aged}
         order = aged + [e for e in live if id(e) not in seen]
     total = 0
     for e in order:
@@ -222,13 +224,17 @@ def _select(live: Sequence[QueueEntry], now: float, cap: int, policy: BatchingPo
             break
     if total <= cap or not policy.length_bucketing or len({e.length for e in order}) == 1:
         return _fill(order, cap)
-    # Length bucketing: the head, then every row near its deadline, then the closest lengths.
+    # Length bucketing: the head, then every row near its deadline, then the closest lengths
+    # within each level, aged requests counting as a level ahead of all others.
     head = order[0]
     urgent_before = now + URGENT_RUNS * latency.predict(cap, head.length)
     urgent = [e for e in order[1:] if e.deadline <= urgent_before]
     rest = sorted(
         (e for e in order[1:] if e.deadline > urgent_before),
-        key=lambda e: (e.priority, abs(e.length.bit_length() - head.length.bit_length())),
+        key=lambda e: (
+            (0, 0) if id(e) in seen else (1, e.priority),
+            abs(e.length.bit_length() - head.length.bit_length()),
+        ),
     )
     return _fill([head, *urgent, *rest], cap)
 
