@@ -67,9 +67,11 @@ soak: engine
 reliability: engine
 	$(PY) -m pytest -q tests/reliability -m timing
 
-## bench: served throughput and latency against the raw engine, in one run
+## bench: served throughput and latency against the raw engine, in one run; more flags in
+## BENCH_ARGS, e.g. `make bench BENCH_ARGS="--peer triton"` (Triton beside trtserve)
+BENCH_ARGS ?=
 bench: engine
-	$(PY) -m trtserve bench --model-repository engines --out bench-results
+	$(PY) -m trtserve bench --model-repository engines --out bench-results $(BENCH_ARGS)
 
 ## clients: generate and build every client from protos/ (Python: `protos`; Node.js: npm ci, protos
 ## loaded at run time; C++: protoc + grpc_cpp_plugin in the CMake build; Go: clients/go/build.sh).

@@ -22,7 +22,8 @@ from trtserve.tools.benchlib.report import (
     ratio,
     summarize,
 )
-from trtserve.tools.benchlib.cpu import proc_cpu_seconds
+from trtserve.tools.benchlib.compare import ONE_CONNECTION_MODE, anchor_targets, comparison_rows, format_comparison
+from trtserve.tools.benchlib.cpu import tree_cpu_seconds_of
 from trtserve.tools.benchlib.workload import poisson_arrivals
 
 
@@ -154,9 +155,77 @@ def test_batch_sizes_double_up_to_the_maximum():
     assert batch_sizes(1) == [1]
 
 
-def test_proc_stat_cpu_seconds_counted_after_the_command_name():
-    stat = "4242 (python -m (x)) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 4 0 100"
-    assert proc_cpu_seconds(stat, ticks_per_s=100) == 3.0
+def stat(pid: int, ppid: int, utime: int, stime: int, cutime: int = 0, cstime: int = 0, name: str = "python -m (x)") -> str:
+    return f"{pid} ({name}) S {ppid} 2 3 4 5 6 7 8 9 10 {utime} {stime} {cutime} {cstime} 20 0 4 0 100"
+
+
+def test_tree_cpu_seconds_sum_the_root_and_every_descendant():
+    stats = {
+        10: stat(10, 1, 100, 50, cutime=30, cstime=20),  # root; 0.5 s of reaped children
+        11: stat(11, 10, 200, 0, name="tritonserver"),
+        12: stat(12, 11, 0, 100, name="stub) S 10 ("),  # a name that looks like fields
+        20: stat(20, 1, 999, 999),  # not in the tree
+    }
+    assert tree_cpu_seconds_of(stats, 10, ticks_per_s=100) == 5.0
+    assert tree_cpu_seconds_of(stats, 11, ticks_per_s=100) == 3.0
+    assert tree_cpu_seconds_of(stats, 99, ticks_per_s=100) == 0.0
+
+
+def sweep_point(server: str, model: str, callers: int, requests: int, p50_us: float, mode: str = "closed-unary",
+                cpu_s: float = 0.0, connections: int = 8) -> Point:
+    """``requests`` OK answers in a 1 s window, all at ``p50_us``."""
+    return summarize(measurement(model=model, mode=mode, load=callers, window_s=1.0, codes=["OK"] * requests,
+                                 latency_us=np.full(requests, p50_us), before=snap(), after=snap(cpu=cpu_s),
+                                 server=server, connections=connections), 200.0)
+
+
+def test_comparison_rows_pair_the_servers_per_caller_count_with_ratios():
+    points = [
+        sweep_point("trtserve", "tiny", 1, 900, 1000.0), sweep_point("trtserve", "tiny", 64, 2000, 30_000.0),
+        sweep_point("trtserve", "tiny", 64, 1800, 32_000.0, mode=ONE_CONNECTION_MODE, connections=1),
+        sweep_point("triton", "tiny", 1, 300, 3000.0), sweep_point("triton", "tiny", 64, 2500, 20_000.0),
+    ]
+    rows = comparison_rows(points, "tiny", "triton")
+    assert [r.callers for r in rows] == [1, 64]
+    assert rows[0].one_connection is None and rows[1].one_connection.requests_per_s == 1800
+    assert rows[0].throughput_ratio == pytest.approx(3.0) and rows[0].p50_ratio == pytest.approx(1 / 3)
+    assert rows[1].throughput_ratio == pytest.approx(0.8) and rows[1].p50_ratio == pytest.approx(1.5)
+    assert comparison_rows(points, "tiny", None)[0].throughput_ratio is None
+    text = format_comparison(points)
+    assert "trtserve over 8 connections, over 1, and triton" in text
+    assert "0.80" in text and "1.50" in text
+    assert format_comparison([sweep_point("trtserve", "tiny", 1, 900, 1000.0)]) == ""  # nothing to compare
+
+
+def test_anchor_targets_against_triton_and_the_raw_engine():
+    raw = {"minilm": raw_ref(batch1_us=5000.0, best=(16, 250.0))}
+    points = [
+        sweep_point("trtserve", "tiny", 16, 2400, 5000.0), sweep_point("trtserve", "tiny", 64, 2300, 20_000.0, cpu_s=0.92),
+        sweep_point("triton", "tiny", 64, 1900, 25_000.0, cpu_s=1.14),
+        sweep_point("trtserve", "minilm", 1, 150, 5800.0), sweep_point("trtserve", "minilm", 64, 240, 300_000.0),
+        sweep_point("triton", "minilm", 1, 140, 6600.0), sweep_point("triton", "minilm", 64, 200, 300_000.0),
+    ]
+    peak, saturation, one, cpu = anchor_targets(points, raw)
+    assert peak.verdict == "PASS" and "2400 (c=16) / 1900 (c=64) = 1.26" in peak.detail
+    assert saturation.verdict == "PASS" and "240.0 / 250.0 (raw batch 16) = 0.96; triton 200.0 = 0.80" in saturation.detail
+    assert one.verdict == "PASS" and one.detail.endswith("triton 6.60 ms")
+    assert cpu.verdict == "INFO" and cpu.detail == "trtserve 400 us vs triton 600 us"
+    slower = [*points, sweep_point("triton", "tiny", 16, 2100, 7000.0)]  # 2400 / 2100 < 1.2
+    assert anchor_targets(slower, raw)[0].verdict == "MISS"
+
+
+def test_anchor_targets_without_a_peer():
+    points = [sweep_point("trtserve", "minilm", 1, 150, 6500.0), sweep_point("trtserve", "minilm", 64, 150, 300_000.0)]
+    peak, saturation, one, cpu = anchor_targets(points, {"minilm": raw_ref()})
+    assert peak.verdict == "SKIP" and "--peer triton" in peak.detail
+    assert saturation.verdict == "MISS" and "triton" not in saturation.detail  # 150 / 200 = 0.75
+    assert one.verdict == "MISS" and cpu.verdict == "SKIP"
+
+
+def test_trtserve_tables_and_targets_leave_the_peer_out():
+    points = [sweep_point("triton", "minilm", 1, 500, 1000.0)]
+    assert "minilm · closed-unary" not in format_tables(points, {})
+    assert {t.verdict for t in check_targets(points, {})} == {"SKIP"}
 
 
 def policy_point(policy: str, ok: int, late: int = 0, refused: int = 0, fraction: float = 0.8) -> Point:

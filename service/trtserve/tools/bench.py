@@ -10,15 +10,24 @@ for each model:
 3. open loop, Poisson arrivals at fractions of the capacity the closed loop measured (per
    transport), each request with a deadline (``timeout`` parameter) of ``--deadline-factor``
    × the raw batch-of-one latency;
-4. for ``--policy-models``, the dispatch-policy comparison (``benchlib.policies``): one Poisson
+4. with ``--connections`` above 1, the closed-loop unary sweep again with every caller on
+   one connection (mode ``closed-1conn``);
+5. for ``--policy-models``, the dispatch-policy comparison (``benchlib.policies``): one Poisson
    trace per rate in ``--policy-rates`` replayed over a stream under the adaptive policy and
    each fixed queue-delay timer, deadline ``--policy-deadline-factor`` × the raw run time of
    a full batch (``max_batch_size`` rows).
 
+Unary calls are spread over ``--connections`` client connections (gRPC channels, default 8):
+the server's front-end processes share its port, and the kernel spreads connections, not
+requests. With ``--peer triton``, trtserve is then stopped and NVIDIA PyTriton
+(``benchlib.peer``; its own venv under ``OUT/triton``, made once) serves the same model
+files with Triton's dynamic batcher; the same load generator runs the closed-loop unary
+sweep against it, and a comparison table gives the trtserve/Triton ratios per row.
+
 Each point reports achieved rows/s, p50/p90/p99 latency (ms, send → answer), errors by
 status, deadline misses, the server's mean batch size (ModelStatistics deltas), the ratio of
 served rows/s to the raw best-batch rows/s, and the CPU time per request (µs) of the server
-and of the bench client. Output: tables and the issue's targets (PASS/MISS) on the terminal,
+(its whole process tree) and of the bench client. Output: tables and the issue's targets (PASS/MISS) on the terminal,
 ``OUT/bench.json``, ``OUT/<model>_latency.png`` and ``OUT/<model>_batches.png``. Targets are reported, never turned into an exit status.
 """
 
@@ -40,14 +49,16 @@ import numpy as np
 import onnxruntime
 
 from ..client import CHANNEL_OPTIONS
-from .benchlib.cpu import cpu_seconds
-from .benchlib.load import LoadGenerator, Window
+from .benchlib.compare import ONE_CONNECTION_MODE, SWEEP_MODE, anchor_targets, format_comparison
+from .benchlib.cpu import tree_cpu_seconds
+from .benchlib.load import LoadGenerator, Window, open_channels
+from .benchlib.peer import PEERS, PeerSetupError, triton_peer
 from .benchlib.plots import plot_batches, plot_latency
 from .benchlib.policies import DEFAULT_POLICIES, PolicyChoice, format_policy_table, get_policy, parse_policies, policy_targets, set_policy
 from .benchlib.raw import measure_raw
-from .benchlib.report import MODES, Measurement, Point, RawReference, check_targets, format_header, format_row, format_tables, summarize
+from .benchlib.report import MODES, SERVER, Measurement, Point, RawReference, check_targets, format_header, format_row, format_tables, summarize
 from .benchlib.workload import CORPUS, Workload, build_workload, load_texts, poisson_arrivals
-from .process import ServerProcess
+from .process import ChildServer, ServerProcess
 
 DEFAULT_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 SETTLE_S = 0.2
@@ -111,6 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy-duration", type=float, default=3.0, help="policy comparison: seconds measured per point (default: 3)")
     parser.add_argument("--requests", type=int, default=1024, help="distinct prebuilt requests per model (default: 1024)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the Poisson arrivals (default: 0)")
+    parser.add_argument("--connections", type=_positive_int, default=8, help="client connections (gRPC channels) the unary callers are spread over, for every server; above 1 the closed-loop unary sweep also runs over one (default: 8)")
+    parser.add_argument("--peer", choices=PEERS, help="also drive this server on the same model files, closed-loop unary sweep, same run: 'triton' (NVIDIA PyTriton from PyPI, installed once into OUT/triton/venv)")
+    parser.add_argument("--frontends", help="passed to 'trtserve serve --frontends' (default: the server's own default)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in args.modes if m not in ALL_MODES]
     if unknown:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {','.join(ALL_MODES)}")
+    if args.peer and SWEEP_MODE not in args.modes:
+        raise SystemExit(f"--peer runs the {SWEEP_MODE} sweep; add it to --modes")
     if args.modes == [POLICY_MODE] and not set(args.models) & set(args.policy_models):
         raise SystemExit(f"mode 'policy' runs only for --policy-models ({','.join(args.policy_models)}), "
                          f"none of which is in --models ({','.join(args.models)})")
@@ -127,20 +143,30 @@ def run(args: argparse.Namespace) -> int:
     texts = load_texts(args.data, args.requests, rng) if (args.data / CORPUS).is_file() else []
     workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng) for m in args.models}
     args.out.mkdir(parents=True, exist_ok=True)
-    with ServerProcess(args.model_repository) as server:
+    serve_args = ("--frontends", args.frontends) if args.frontends else ()
+    with ServerProcess(args.model_repository, *serve_args) as server:
         print(f"server under test: pid {server.pid} at {server.url}", flush=True)
         raws, points = asyncio.run(_bench(args, workloads, server, rng))
+    if args.peer:
+        try:
+            peer = triton_peer(args.out / "triton", [w.spec for w in workloads.values()])
+        except PeerSetupError as exc:
+            raise SystemExit(str(exc)) from None
+        with peer:
+            print(f"peer {args.peer}: pid {peer.pid} at {peer.url}", flush=True)
+            points += asyncio.run(_peer_sweep(args, workloads, raws, peer))
 
     print()
     print(format_tables(points, raws))
+    print(format_comparison(points))
     print(format_policy_table(points))
-    targets = check_targets(points, raws) + policy_targets(points)
+    targets = check_targets(points, raws) + anchor_targets(points, raws) + policy_targets(points)
     print("targets:")
     for target in targets:
         print("  " + target.line())
     plots = []
     for model, workload in workloads.items():
-        mine = [p for p in points if p.model == model]
+        mine = [p for p in points if p.model == model and p.server == SERVER]
         if mine:
             plots += [args.out / f"{model}_latency.png", args.out / f"{model}_batches.png"]
             plot_latency(model, mine, raws.get(model), plots[-2])
@@ -168,8 +194,10 @@ async def _bench(
 ) -> tuple[dict[str, RawReference], list[Point]]:
     raws: dict[str, RawReference] = {}
     points: list[Point] = []
-    async with grpc.aio.insecure_channel(server.url, options=CHANNEL_OPTIONS) as channel:
-        gen = LoadGenerator(channel, lambda: cpu_seconds(server.pid), args.warmup, args.duration)
+    channels = open_channels(server.url, args.connections, CHANNEL_OPTIONS)
+    channel = channels[0]
+    try:
+        gen = LoadGenerator(channels, lambda: tree_cpu_seconds(server.pid), args.warmup, args.duration)
         print(f"{'model':8} {'mode':13} {format_header()}", flush=True)
         for model, workload in workloads.items():
             if not await gen.model_ready(model):
@@ -181,11 +209,50 @@ async def _bench(
                 async for point in _sweep(args, gen, workload, raw, mode, points, rng):
                     points.append(point)
                     print(f"{model:8} {mode:13} {format_row(point)}", flush=True)
+                if mode == SWEEP_MODE and gen.connections > 1:
+                    async for point in _closed_unary(args, gen.with_connections(1), workload, raw, ONE_CONNECTION_MODE):
+                        points.append(point)
+                        print(f"{model:8} {ONE_CONNECTION_MODE:13} {format_row(point)}", flush=True)
             if POLICY_MODE in args.modes and model in args.policy_models:
                 async for point in _policies(args, channel, gen, workload, raw, points, rng):
                     points.append(point)
                     print(f"{model:8} {point.policy:13} {format_row(point)}", flush=True)
+    finally:
+        for c in channels:
+            await c.close()
     return raws, points
+
+
+async def _peer_sweep(
+    args: argparse.Namespace, workloads: dict[str, Workload], raws: dict[str, RawReference], peer: ChildServer,
+) -> list[Point]:
+    """The closed-loop unary sweep against the peer, over as many connections as trtserve
+    had; its ratios use the raw references measured beside trtserve."""
+    points: list[Point] = []
+    channels = open_channels(peer.url, args.connections, CHANNEL_OPTIONS)
+    try:
+        gen = LoadGenerator(channels, lambda: tree_cpu_seconds(peer.pid), args.warmup, args.duration)
+        for model, workload in workloads.items():
+            if not await gen.model_ready(model):
+                raise SystemExit(f"model '{model}' is not ready on the peer:\n" + "".join(peer.output))
+            async for point in _closed_unary(args, gen, workload, raws[model], SWEEP_MODE, server=args.peer):
+                points.append(point)
+                print(f"{model:8} {args.peer + ' ' + SWEEP_MODE:13} {format_row(point)}", flush=True)
+    finally:
+        for c in channels:
+            await c.close()
+    return points
+
+
+async def _closed_unary(
+    args: argparse.Namespace, gen: LoadGenerator, workload: Workload, raw: RawReference, mode: str, server: str = SERVER,
+) -> AsyncIterator[Point]:
+    """The closed-loop unary sweep over ``--concurrency``, as points of ``mode`` and ``server``."""
+    messages = workload.messages(max(len(workload.requests), max(args.concurrency) + 1))
+    for concurrency in args.concurrency:
+        window = await gen.closed_unary(workload.spec.name, messages, concurrency)
+        yield _point(workload.spec.name, mode, concurrency, None, None, window, raw, server=server, connections=gen.connections)
+        await asyncio.sleep(SETTLE_S)
 
 
 async def _sweep(
@@ -199,13 +266,16 @@ async def _sweep(
     stream = transport == "stream"
 
     def point(load: float, fraction: float | None, deadline_us: int | None, window: Window) -> Point:
-        return _point(model, mode, load, fraction, deadline_us, window, raw)
+        return _point(model, mode, load, fraction, deadline_us, window, raw, connections=1 if stream else gen.connections)
 
+    if loop == "closed" and not stream:
+        async for p in _closed_unary(args, gen, workload, raw, mode):
+            yield p
+        return
     if loop == "closed":
-        messages = workload.messages(max(len(workload.requests), max(args.concurrency) + 1), with_ids=stream)
+        messages = workload.messages(max(len(workload.requests), max(args.concurrency) + 1), with_ids=True)
         for concurrency in args.concurrency:
-            drive = gen.closed_stream if stream else gen.closed_unary
-            yield point(concurrency, None, None, await drive(model, messages, concurrency))
+            yield point(concurrency, None, None, await gen.closed_stream(model, messages, concurrency))
             await asyncio.sleep(SETTLE_S)
         return
 
@@ -263,11 +333,12 @@ async def _policies(
 
 
 def _point(model: str, mode: str, load: float, fraction: float | None, deadline_us: int | None, window: Window,
-           raw: RawReference, policy: str | None = None) -> Point:
+           raw: RawReference, policy: str | None = None, server: str = SERVER, connections: int = 1) -> Point:
     return summarize(Measurement(
         model=model, mode=mode, load=load, fraction=fraction, window_s=window.seconds, rows_per_request=1,
         latency_us=window.latency_us, codes=window.codes, late=window.late, deadline_us=deadline_us,
         send_lag_us=window.send_lag_us, before=window.before, after=window.after, policy=policy,
+        server=server, connections=connections,
     ), raw.best.rows_per_s)
 
 

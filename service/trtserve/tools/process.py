@@ -1,8 +1,10 @@
-"""Run ``trtserve serve`` as a child process on 127.0.0.1 (for the demo, the benchmark and
-the compatibility tests, which must not share a process with the client under test)."""
+"""Servers as child processes on 127.0.0.1: ``trtserve serve`` (for the demo, the benchmark
+and the compatibility tests, which must not share a process with the client under test) and
+any other server that prints the address it listens on (the benchmark's peer)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -10,35 +12,47 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 _LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
 
 
-class ServerProcess:
-    """``with ServerProcess(repository) as srv:`` — a live server at ``srv.url``.
+class ChildServer:
+    """``with ChildServer(cmd) as srv:`` — a live server at ``srv.url``.
+
+    The child runs in its own session (process group), so a Ctrl-C at the terminal reaches
+    only this process, whose ``with`` block then stops the child; whatever the child started
+    and left behind (worker processes) is killed with its process group on the way out, so
+    no orphan survives.
 
     Args:
-        repository: the model repository directory.
-        extra_args: more ``trtserve serve`` flags.
-        start_timeout: seconds to wait for the "listening" line (models load first).
+        cmd: the command line; the server prints ``listening on HOST:PORT`` once it serves.
+        env: the child's environment (default: this process's).
+        start_timeout: seconds to wait for the "listening" line.
+        name: what the error messages call the server.
 
     Raises:
         RuntimeError: the server exited or did not listen in time (with its last output).
     """
 
-    def __init__(self, repository: Path, *extra_args: str, start_timeout: float = 300.0) -> None:
-        self.repository = Path(repository)
-        self.extra_args = extra_args
+    def __init__(self, cmd: Sequence[str], *, env: Mapping[str, str] | None = None, start_timeout: float = 300.0,
+                 name: str = "the server") -> None:
+        self.cmd = list(cmd)
+        self.env = dict(env) if env is not None else None
         self.start_timeout = start_timeout
+        self.name = name
         self.url = ""
         self.output: deque[str] = deque(maxlen=200)
         self.proc: subprocess.Popen[str] | None = None
 
-    def __enter__(self) -> ServerProcess:
-        cmd = [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(self.repository),
-               "--host", "127.0.0.1", "--port", "0", *self.extra_args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    def __enter__(self) -> Self:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=self.env, start_new_session=True)
         listening = threading.Event()
 
         def pump() -> None:
@@ -52,10 +66,13 @@ class ServerProcess:
 
         threading.Thread(target=pump, daemon=True).start()
         deadline = time.monotonic() + self.start_timeout
-        while not listening.wait(0.2):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                raise RuntimeError("trtserve did not start:\n" + "".join(self.output))
+        try:
+            while not listening.wait(0.2):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name} did not start:\n" + "".join(self.output))
+        except BaseException:  # Ctrl-C while it starts, too
+            self.stop(timeout=5.0)
+            raise
         return self
 
     @property
@@ -64,7 +81,8 @@ class ServerProcess:
         return self.proc.pid
 
     def stop(self, timeout: float = 60.0) -> int:
-        """SIGTERM (graceful drain), wait up to ``timeout`` seconds, then kill. Returns the exit code."""
+        """SIGTERM (graceful drain), wait up to ``timeout`` seconds, then kill; then kill
+        what is left of its process group. Returns the exit code."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
@@ -74,7 +92,30 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the group is gone: nothing was left behind
         return self.proc.returncode
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class ServerProcess(ChildServer):
+    """``with ServerProcess(repository) as srv:`` — ``trtserve serve`` at ``srv.url``.
+
+    Args:
+        repository: the model repository directory.
+        extra_args: more ``trtserve serve`` flags.
+        start_timeout: seconds to wait for the "listening" line (models load first).
+    """
+
+    def __init__(self, repository: Path, *extra_args: str, start_timeout: float = 300.0) -> None:
+        self.repository = Path(repository)
+        self.extra_args = extra_args
+        super().__init__(
+            [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(self.repository),
+             "--host", "127.0.0.1", "--port", "0", *extra_args],
+            start_timeout=start_timeout, name="trtserve",
+        )

@@ -75,6 +75,18 @@ class Window:
     after: Snapshot
 
 
+def open_channels(url: str, count: int, options: Sequence[tuple[str, object]]) -> list[grpc.aio.Channel]:
+    """``count`` insecure ``grpc.aio`` channels to ``url``, each on its own TCP connection.
+
+    gRPC shares one connection among channels to the same target with the same arguments
+    (its global subchannel pool); ``grpc.use_local_subchannel_pool`` gives each channel a
+    pool of its own, so the server sees ``count`` connections (which SO_REUSEPORT spreads
+    over front-end processes). Close them with ``await channel.close()``.
+    """
+    opts = [*options, ("grpc.use_local_subchannel_pool", 1)]
+    return [grpc.aio.insecure_channel(url, options=opts) for _ in range(count)]
+
+
 def _stream_code(response: pb.ModelStreamInferResponse) -> str:
     if not response.error_message:
         return "OK"
@@ -95,17 +107,25 @@ async def _on_schedule(arrivals: np.ndarray, stop: asyncio.Event) -> AsyncIterat
 
 
 class LoadGenerator:
-    """Drives one server over one channel.
+    """Drives one server over one or more channels (client connections).
+
+    Unary calls are spread over the channels: caller k of a closed loop (request k of an
+    open loop) uses channel ``k mod len(channels)``, as many clients, or a client's channel
+    pool, would spread them. The stream, ModelStatistics and ModelReady use the first channel.
 
     Args:
-        channel: a ``grpc.aio`` channel to the server.
-        server_cpu_s: reads the server process's CPU seconds.
+        channels: ``grpc.aio`` channels to the server, each its own connection (see
+            :func:`open_channels`).
+        server_cpu_s: reads the server's CPU seconds (its whole process tree).
         warmup_s: unmeasured seconds at the start of each point.
         duration_s: seconds of each point's measuring window.
     """
 
-    def __init__(self, channel: grpc.aio.Channel, server_cpu_s: Callable[[], float], warmup_s: float, duration_s: float) -> None:
-        self._infer = channel.unary_unary(METHOD + "ModelInfer")
+    def __init__(self, channels: Sequence[grpc.aio.Channel], server_cpu_s: Callable[[], float], warmup_s: float, duration_s: float) -> None:
+        if not channels:
+            raise ValueError("a load generator needs at least one channel")
+        channel = channels[0]
+        self._infers = [c.unary_unary(METHOD + "ModelInfer") for c in channels]
         self._stream = channel.stream_stream(METHOD + "ModelStreamInfer", response_deserializer=pb.ModelStreamInferResponse.FromString)
         self._statistics = channel.unary_unary(
             METHOD + "ModelStatistics",
@@ -121,10 +141,23 @@ class LoadGenerator:
         self.warmup_s = warmup_s
         self.duration_s = duration_s
 
+    @property
+    def connections(self) -> int:
+        """Channels the unary calls are spread over."""
+        return len(self._infers)
+
     def with_duration(self, duration_s: float) -> LoadGenerator:
-        """The same generator (channel, counters, warm-up) with another window length."""
+        """The same generator (channels, counters, warm-up) with another window length."""
         other = copy.copy(self)
         other.duration_s = duration_s
+        return other
+
+    def with_connections(self, count: int) -> LoadGenerator:
+        """The same generator over only its first ``count`` channels."""
+        if not 1 <= count <= len(self._infers):
+            raise ValueError(f"expected 1 to {len(self._infers)} connections, got {count}")
+        other = copy.copy(self)
+        other._infers = self._infers[:count]
         return other
 
     async def model_ready(self, model: str) -> bool:
@@ -145,9 +178,10 @@ class LoadGenerator:
             batches={b.batch_size: b.compute_infer.count for b in stats.batch_stats},
         )
 
-    async def _unary(self, message: bytes) -> str:
+    async def _unary(self, message: bytes, k: int) -> str:
+        """Send ``message`` on channel ``k mod connections``; its status name."""
         try:
-            await self._infer(message, timeout=CALL_TIMEOUT_S)
+            await self._infers[k % len(self._infers)](message, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
             return exc.code().name
         return "OK"
@@ -189,7 +223,7 @@ class LoadGenerator:
                 message = messages[i % len(messages)]
                 i += concurrency
                 sent = time.perf_counter()
-                code = await self._unary(message)
+                code = await self._unary(message, first)
                 recorder.add(sent, sent, time.perf_counter(), code, None)
 
         async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
@@ -237,14 +271,14 @@ class LoadGenerator:
         """A ModelInfer at each of ``arrivals`` (seconds from the start, Poisson), each its
         own call, whether or not earlier ones were answered."""
 
-        async def one(message: bytes, scheduled: float, recorder: Recorder) -> None:
+        async def one(k: int, scheduled: float, recorder: Recorder) -> None:
             sent = time.perf_counter()
-            code = await self._unary(message)
+            code = await self._unary(messages[k % len(messages)], k)
             recorder.add(scheduled, sent, time.perf_counter(), code, deadline_s)
 
         async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
             calls = [
-                asyncio.ensure_future(one(messages[k % len(messages)], at, recorder))
+                asyncio.ensure_future(one(k, at, recorder))
                 async for k, at in _on_schedule(arrivals, stop)
             ]
             await asyncio.gather(*calls)

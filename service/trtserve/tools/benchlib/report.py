@@ -20,6 +20,8 @@ the last is answered) or open loop (Poisson arrivals at a fixed rate, each reque
 deadline), over unary ModelInfer or one ModelStreamInfer stream."""
 
 PERCENTILES = (50, 90, 99)
+SERVER = "trtserve"
+"""``Point.server`` of the server under test (a peer's points carry the peer's name)."""
 
 SATURATION_MODEL = "minilm"
 SATURATION_RATIO = 0.90
@@ -69,6 +71,8 @@ class Measurement:
             scheduled arrival (how well it kept to the Poisson schedule); empty otherwise.
         before, after: counters at the start of the window and after the last answer.
         policy: the dispatch policy the server ran (policy comparison points); else None.
+        server: which server was driven: :data:`SERVER` or a peer (``"triton"``).
+        connections: client connections (gRPC channels) the unary calls were spread over.
     """
 
     model: str
@@ -85,6 +89,8 @@ class Measurement:
     before: Snapshot
     after: Snapshot
     policy: str | None = None
+    server: str = SERVER
+    connections: int = 1
 
 
 def percentiles_ms(latency_us: np.ndarray, qs: Sequence[float] = PERCENTILES) -> dict[int | float, float | None]:
@@ -189,7 +195,7 @@ class Point:
             of the server and of the bench process.
         send_lag_p99_ms: open loop: p99 of how late the generator sent a request after its
             scheduled arrival (ms); None for the closed loop.
-        policy: as in :class:`Measurement`.
+        policy, server, connections: as in :class:`Measurement`.
     """
 
     model: str
@@ -215,6 +221,8 @@ class Point:
     client_cpu_us_per_request: float | None
     send_lag_p99_ms: float | None
     policy: str | None = None
+    server: str = SERVER
+    connections: int = 1
 
 
 def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
@@ -257,6 +265,8 @@ def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
         client_cpu_us_per_request=per_request_us(m.after.client_cpu_s - m.before.client_cpu_s),
         send_lag_p99_ms=percentiles_ms(m.send_lag_us, (99,))[99],
         policy=m.policy,
+        server=m.server,
+        connections=m.connections,
     )
 
 
@@ -297,7 +307,9 @@ def fmt(v: float | None, spec: str = ".1f") -> str:
 
 
 def check_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) -> list[Target]:
-    """The issue's targets, from the point summaries and the raw references."""
+    """The issue's targets, from the point summaries (of trtserve; a peer's are left out)
+    and the raw references."""
+    points = [p for p in points if p.server == SERVER]
     targets: list[Target] = []
     name = f"{SATURATION_MODEL} saturation: served rows/s >= {SATURATION_RATIO:.2f} x raw best-batch rows/s"
     closed = [p for p in points if p.model == SATURATION_MODEL and p.mode.startswith("closed")]
@@ -380,7 +392,9 @@ def format_row(p: Point) -> str:
 
 
 def format_tables(points: Sequence[Point], raws: Mapping[str, RawReference]) -> str:
-    """Every model's raw reference and one table per mode, as terminal text."""
+    """Every model's raw reference and one table per mode (trtserve's points; a peer's are
+    in :func:`~.compare.format_comparison`), as terminal text."""
+    points = [p for p in points if p.server == SERVER]
     out: list[str] = []
     for model in dict.fromkeys([*raws, *(p.model for p in points)]):
         raw = raws.get(model)
