@@ -38,7 +38,7 @@ from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
-from trtserve.pipeline import load_handler
+from trtserve.handlers import load_handler
 from trtserve.runtimes.base import Batch, StagingBuffers, pack, unpack
 from trtserve.runtimes.onnxruntime import engine_tensors, session_options
 from trtserve.spec import ModelSpec, TensorSpec
