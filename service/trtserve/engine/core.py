@@ -22,7 +22,6 @@ from functools import partial
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from .._proto.trtserve.v1 import control_pb2
 from ..batching.queue import Segment
@@ -30,6 +29,7 @@ from ..errors import TrtServeError
 from ..metrics import MetricsServer, RequestStats, TrtServeCollector
 from ..repository import ModelState, Repository
 from . import control, statistics, wire
+from .channel import Channel
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +81,7 @@ class EngineCore:
         self.loaded = False
         self.metrics: MetricsServer | None = None
         self._metrics_at = (metrics_host, metrics_port)
-        self._context = zmq.asyncio.Context.instance()
-        self._socket: zmq.asyncio.Socket | None = None
-        self._receiver: asyncio.Task[None] | None = None
+        self._channel: Channel | None = None
         self._queries: dict[str, Callable[[Any], Any]] = {
             "server_ready": lambda _arg: self.loaded and self.repository.ready,
             "model_ready": lambda arg: statistics.model_ready(self.repository, *arg),
@@ -107,18 +105,17 @@ class EngineCore:
             zmq.ZMQError: the address cannot be bound.
             OSError: the metrics address cannot be bound.
         """
-        sock = self._context.socket(zmq.ROUTER)
+        sock = zmq.Context.instance().socket(zmq.ROUTER)
         # No high-water mark: a ROUTER drops messages past it. What is in flight is bounded
         # by the front ends' admission instead.
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(self.address)
-        self._socket = sock
         host, port = self._metrics_at
         if port is not None:
             self.metrics = MetricsServer(TrtServeCollector(self.repository, self.requests, lambda: self.inflight, self.clock), host, port)
-        self._receiver = asyncio.get_running_loop().create_task(self._receive(), name="engine-core")
+        self._channel = Channel(sock, self._receive)
 
     async def load(self) -> None:
         """Load every model of the repository, then send the model table to the front ends."""
@@ -130,24 +127,16 @@ class EngineCore:
     async def aclose(self) -> None:
         """Finish everything queued and running, close the runtimes, then stop answering."""
         await self.repository.aclose()
-        if self._receiver is not None:
-            self._receiver.cancel()
-            await asyncio.gather(self._receiver, return_exceptions=True)
-        if self._socket is not None:
-            self._socket.close(linger=0)
+        if self._channel is not None:
+            self._channel.close()
         if self.metrics is not None:
             self.metrics.close()
 
     # -- messages -----------------------------------------------------------------------
 
-    async def _receive(self) -> None:
-        assert self._socket is not None
-        while True:
-            identity, head, *frames = await self._socket.recv_multipart(copy=False)
-            try:
-                self._handle(identity.bytes, wire.read_header(head), frames)
-            except Exception:  # a bug handling one message must not stop the core
-                log.exception("engine core: message from %r failed", identity.bytes)
+    def _receive(self, message: list[Any]) -> None:
+        identity, head, *frames = message
+        self._handle(identity.bytes, wire.read_header(head), frames)
 
     def _handle(self, identity: bytes, head: tuple[Any, ...], frames: list[Any]) -> None:
         kind = head[0]
@@ -218,8 +207,8 @@ class EngineCore:
         self._send(identity, wire.header("table", self.loaded, table))
 
     def _send(self, identity: bytes, *frames: Any) -> None:
-        assert self._socket is not None
-        self._socket.send_multipart((identity, *frames), copy=False)
+        assert self._channel is not None
+        self._channel.send((identity, *frames))
 
     # -- front ends that die --------------------------------------------------------------
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from ..batching.queue import Segment
 from ..errors import ModelNotFound, ModelNotReady, ShuttingDown
 from ..engine import wire
+from ..engine.channel import Channel
 from ..spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -46,46 +46,39 @@ class EngineClient:
     Attributes:
         models: the model table the engine core sent (empty until :attr:`loaded` is set).
         loaded: set once the engine core has loaded its models and sent the table.
-        lost: set if the engine core stops answering for good (the socket closed).
     """
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.models: dict[str, ModelInfo] = {}
         self.loaded = asyncio.Event()
-        self._context = zmq.asyncio.Context.instance()
-        self._socket: zmq.asyncio.Socket | None = None
+        self._channel: Channel | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._records: list[tuple[str, str, float, bool, bool]] = []
         self._active = 0
         self._sent_active = 0
         self._flush_scheduled = False
-        self._receiver: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         """Connect and say hello (the engine core answers with the model table once loaded)."""
-        sock = self._context.socket(zmq.DEALER)
+        sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
-        self._socket = sock
-        self._receiver = asyncio.get_running_loop().create_task(self._receive(), name="engine-client")
+        self._channel = Channel(sock, self._receive)
         self._send(wire.header("hello", os.getpid()))
 
     async def aclose(self) -> None:
         """Stop receiving; every call still waiting fails with ShuttingDown (UNAVAILABLE)."""
         self._flush()
-        if self._receiver is not None:
-            self._receiver.cancel()
-            await asyncio.gather(self._receiver, return_exceptions=True)
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(ShuttingDown("the front end is closing its connection to the engine core"))
         self._pending.clear()
-        if self._socket is not None:
-            self._socket.close(linger=0)
+        if self._channel is not None:
+            self._channel.close()
 
     def model(self, name: str) -> ModelInfo:
         """The table entry of ``name``.
@@ -173,23 +166,18 @@ class EngineClient:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if (self._records or self._active != self._sent_active) and self._socket is not None:
+        if (self._records or self._active != self._sent_active) and self._channel is not None:
             records, self._records = self._records, []
             self._sent_active = self._active
             self._send(wire.header("records", self._active, records))
 
     def _send(self, *frames: Any) -> None:
-        assert self._socket is not None
-        self._socket.send_multipart(frames, copy=False)
+        assert self._channel is not None
+        self._channel.send(frames)
 
-    async def _receive(self) -> None:
-        assert self._socket is not None
-        while True:
-            head, *frames = await self._socket.recv_multipart(copy=False)
-            try:
-                self._handle(wire.read_header(head), frames)
-            except Exception:  # one bad reply must not stop every other call's answers
-                log.exception("front end: a message from the engine core failed")
+    def _receive(self, message: list[Any]) -> None:
+        head, *frames = message
+        self._handle(wire.read_header(head), frames)
 
     def _handle(self, head: tuple[Any, ...], frames: list[Any]) -> None:
         kind = head[0]
