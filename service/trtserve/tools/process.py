@@ -33,6 +33,9 @@ class ServerProcess:
         self.start_timeout = start_timeout
         self.url = ""
         self.output: deque[str] = deque(maxlen=200)
+        # Set at the end of the output: once every process writing to it (the server, its
+        # model workers, multiprocessing's resource tracker) has exited.
+        self.output_closed = threading.Event()
         self.proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> ServerProcess:
@@ -49,6 +52,7 @@ class ServerProcess:
                 if match and not listening.is_set():
                     self.url = f"{match.group(1)}:{match.group(2)}"
                     listening.set()
+            self.output_closed.set()
 
         threading.Thread(target=pump, daemon=True).start()
         deadline = time.monotonic() + self.start_timeout
