@@ -261,7 +261,7 @@ def run_bulk(cfg: Any, args: Any) -> Any:
             os.environ.setdefault(key, value)
     import ray
 
-    from .tools.bulklib.job import Summary
+    from .tools.bulklib.job import RETRY_CODES, Summary
     from .tools.bulklib.sink import ErrorLog, PartStore, ResumeError, output_schema
     from .tools.bulklib.source import count_rows, detect_format
 
@@ -321,7 +321,10 @@ def run_bulk(cfg: Any, args: Any) -> Any:
                     summary.duplicates += 1
                     continue
                 seen.add(key)
-                if codes[i] is not None:
+                if codes[i] in RETRY_CODES:  # transient (a full queue): left for a re-run, never final
+                    summary.pending += 1
+                    summary.pending_codes[codes[i]] = summary.pending_codes.get(codes[i], 0) + 1
+                elif codes[i] is not None:
                     errors.write({"id": key, "code": codes[i], "message": messages[i], "endpoint": "ray"})
                     summary.errors += 1
                 else:
@@ -340,7 +343,8 @@ def run_bulk(cfg: Any, args: Any) -> Any:
         errors.close()
         summary.skipped = (total - summary.rows_read) if total is not None and skip else 0
         summary.rows_read += summary.skipped
-        summary.output_rows = store.finalize(cfg.id_column)
+        if not summary.pending:  # the final file is written once every row is done
+            summary.output_rows = store.finalize(cfg.id_column)
         summary.wall_s = time.perf_counter() - start
         summary.rows_per_s = summary.rows_written / summary.wall_s if summary.wall_s else 0.0
         summary.errors_total += summary.errors

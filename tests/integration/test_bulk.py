@@ -16,6 +16,7 @@ import gzip
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -364,3 +365,60 @@ def test_final_merge_is_exactly_once_after_a_crash_between_rename_and_cleanup(tm
     assert store.committed_ids("id", "m") == {"a", "b", "c", "d"}
     assert store.finalize("id") == 4
     assert sorted(pq.read_table(out).column("id").to_pylist()) == ["a", "b", "c", "d"]
+
+
+@pytest.mark.timeout(600)
+def test_c36_rows_refused_only_with_retryable_codes_are_left_for_a_re_run_not_made_final(engines, tmp_path):
+    """C36 (b): 60 rows through a model with a queue of 2 and 200 ms per row, with --max-retries 1,
+    --max-inflight 8 and --rows-per-message 1, so most rows are still answered RESOURCE_EXHAUSTED
+    after their retry; plus 2 null rows (INVALID_ARGUMENT). A row refused only with a
+    retryable code is never final: it goes neither to the output nor to the errors file, the run
+    exits 1 saying how many rows are not done and that a re-run resumes them, and the final output
+    is not written. Re-running the same command finishes the job (each run takes what the one
+    before left pending), with every good id once in the output and only the 2 bad rows in the
+    errors file."""
+    root = tmp_path / "repo"
+    shutil.copytree(engines / "slow", root / "slow")
+    config = root / "slow" / "config.pbtxt"
+    config.write_text(config.read_text()
+                      .replace("max_batch_size: 8", "max_batch_size: 1")
+                      .replace("dynamic_batching { }", "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
+                      .replace('"20"', '"200"').replace('"1" }', '"0" }'))
+    data = tmp_path / "in.jsonl"
+    bad = {13, 41}
+    with open(data, "w") as f:
+        for i in range(62):
+            x = None if i in bad else [float(i)] * 4
+            f.write(json.dumps({"id": i, "x": x}) + "\n")
+    out, errors = tmp_path / "out.parquet", tmp_path / "errors.jsonl"
+    runs = []
+    with ServerProcess(root) as srv:
+        args = ["--input", data, "--model", "slow", "--input-column", "x", "--output", out, "--errors", errors,
+                "--endpoint", srv.url, "--max-retries", "1", "--max-inflight", "8", "--rows-per-message", "1",
+                "--flush-rows", "8", "--flush-seconds", "0.5"]
+        for _ in range(40):  # each run gets at least the rows the queue takes at once
+            proc, summary = run_bulk(*args)
+            runs.append(summary)
+            if proc.returncode == 0:
+                break
+            assert proc.returncode == 1 and summary["pending"] > 0, (proc.returncode, proc.stderr[-2000:])
+            assert f"{summary['pending']} row(s) not done" in proc.stderr and "re-run the same command" in proc.stderr
+            assert set(summary["pending_codes"]) <= {"RESOURCE_EXHAUSTED", "UNAVAILABLE", "DEADLINE_EXCEEDED"}
+            assert not out.exists()  # not final while rows are pending
+        else:
+            pytest.fail(f"still rows pending after {len(runs)} runs: {[r['pending'] for r in runs]}")
+    print(f"\nC36: pending after each run {[r.get('pending') for r in runs]}, rows written {[r.get('rows_written') for r in runs]}")
+    assert len(runs) >= 2, "the first run was expected to leave rows pending (a queue of 2, 8 in flight)"
+    assert runs[0]["errors"] == 2 and runs[0]["rows_written"] + runs[0]["pending"] == 60
+    for before, after in itertools.pairwise(runs):
+        assert after["skipped"] == 62 - before["pending"], (before, after)
+        assert after["rows_written"] + after["pending"] == before["pending"] and after["errors"] == 0
+    assert runs[-1]["pending"] == 0 and runs[-1]["output_rows"] == 60
+    records = [json.loads(line) for line in errors.read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == sorted(bad)
+    assert all(r["code"] == "INVALID_ARGUMENT" for r in records), records
+    table = pq.read_table(out)
+    ids = table.column("id").to_pylist()
+    assert sorted(ids) == sorted(set(range(62)) - bad)
+    for key, row in zip(ids, table.column("OUTPUT0").to_pylist()):
+        assert row == [float(key)] * 4

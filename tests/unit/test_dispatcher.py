@@ -259,6 +259,21 @@ async def test_close_finishes_queued_work_and_refuses_new():
     assert [f.result()[0]["y"][0, 0] for f in futs] == [0.0, 2.0, 4.0]
 
 
+async def test_the_hang_warning_says_how_long_the_batch_has_run(caplog):
+    """C28: the warning gave the time since the hang limit ("has run one batch for 0.0 s")."""
+    clock, _, d = make(BatchingPolicy(max_batch_size=4), latency=lambda r: 100.0)
+    d.submit(rows(1))
+    await settle()
+    await clock.advance(4.0)
+    with caplog.at_level("WARNING", logger="trtserve.batching.dispatcher"):
+        await clock.advance(8.0)  # past the 10 s hang limit
+    (message,) = [r.getMessage() for r in caplog.records if "has run one batch" in r.getMessage()]
+    ran = float(message.split("has run one batch for ")[1].split(" s")[0])
+    assert 10.0 <= ran <= 12.0, message
+    assert "past the hang limit of 10.0 s" in message
+    assert d.unhealthy_slots == {0}
+
+
 async def test_no_deadline_means_no_expiry():
     clock, backend, d = make(BatchingPolicy(max_batch_size=1), latency=lambda r: 100.0)
     d.submit(rows(0))

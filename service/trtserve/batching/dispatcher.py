@@ -20,7 +20,7 @@ import numpy as np
 
 from ..clock import Clock, MonotonicClock
 from ..errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
-from ..runtimes.base import Backend, Batch, unpack
+from ..runtimes.base import Abortable, Backend, Batch, unpack
 from ..config import BatchingPolicy, TimeoutAction
 from .latency import LatencyModel
 from .policy import Inputs, adaptive_cap, decide
@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 # With adaptive_batch_size, the cap is recomputed from the latency curve every this many batches.
 CAP_REFRESH_BATCHES = 16
 # A batch still running after HANG_FACTOR times its predicted run time, and at least HANG_MIN_S
-# seconds, marks its slot unhealthy (until it returns).
+# seconds, marks its slot unhealthy (until it returns) and is aborted where the backend can
+# (runtimes.base.Abortable: a Python model's worker process is killed and started again).
 HANG_FACTOR = 20.0
 HANG_MIN_S = 10.0
 
@@ -74,7 +75,7 @@ class Dispatcher:
         self._idle = list(range(backend.slots))
         self._running: set[asyncio.Task[None]] = set()
         self._inflight: dict[QueueEntry, None] = {}  # entries with rows in a running batch
-        self._hang_at: dict[int, float] = {}  # running slot -> when it counts as hung
+        self._hang_at: dict[int, tuple[float, float]] = {}  # running slot -> (started, counts as hung at)
         self.unhealthy_slots: set[int] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -137,7 +138,8 @@ class Dispatcher:
 
     @property
     def healthy(self) -> bool:
-        """False while every slot is running a batch that hung (see ``HANG_FACTOR``)."""
+        """False while every slot is running a batch that hung (see ``HANG_FACTOR``), including
+        while an aborted one is being made ready again."""
         return len(self.unhealthy_slots) < self.backend.slots
 
     @property
@@ -174,7 +176,8 @@ class Dispatcher:
 
     def _watch(self, now: float) -> float | None:
         """Answer DEADLINE_EXCEEDED to callers whose deadline passed while their batch runs
-        (they stop waiting for a slow or hung engine), and mark slots whose batch hung.
+        (they stop waiting for a slow or hung engine), and mark slots whose batch hung (and
+        have the backend abort that batch, where it can).
         Returns when to look again."""
         wake = math.inf
         for entry in list(self._inflight):
@@ -187,13 +190,21 @@ class Dispatcher:
                 _fail(entry, RequestTimeout("the request's deadline passed while its batch was still running"))
             else:
                 wake = min(wake, entry.deadline)
-        for slot, hang_at in self._hang_at.items():
-            if now >= hang_at:
-                if slot not in self.unhealthy_slots:
-                    self.unhealthy_slots.add(slot)
-                    log.warning("execution slot %d has run one batch for %.1f s: marked unhealthy", slot, now - hang_at)
-            else:
+        for slot, (started, hang_at) in self._hang_at.items():
+            if now < hang_at:
                 wake = min(wake, hang_at)
+            elif slot not in self.unhealthy_slots:
+                self.unhealthy_slots.add(slot)
+                why = (f"execution slot {slot} has run one batch for {now - started:.1f} s, past the hang "
+                       f"limit of {hang_at - started:.1f} s")
+                log.warning("%s: marked unhealthy", why)
+                if isinstance(self.backend, Abortable):
+                    # Only the backend can stop a run; its run() then fails this batch and returns.
+                    try:
+                        if self.backend.abort(slot, why):
+                            log.warning("execution slot %d: aborting its batch", slot)
+                    except Exception:  # a runtime bug must not stop the dispatch loop
+                        log.exception("execution slot %d: abort failed", slot)
         return wake if wake < math.inf else None
 
     async def _wait(self, until: float | None) -> None:
@@ -218,7 +229,8 @@ class Dispatcher:
         slot = self._idle.pop()
         rows = sum(p.rows for p in pieces)
         predicted = self.latency.predict(rows, max(p.entry.length for p in pieces))
-        self._hang_at[slot] = self.clock.now() + max(HANG_FACTOR * predicted, HANG_MIN_S)
+        now = self.clock.now()
+        self._hang_at[slot] = (now, now + max(HANG_FACTOR * predicted, HANG_MIN_S))
         for piece in pieces:
             self._inflight[piece.entry] = None
         task = asyncio.get_running_loop().create_task(self._run(slot, pieces))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -69,6 +69,26 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Release sessions, threads and buffers. Called once, after the last ``run``."""
+
+
+@runtime_checkable
+class Abortable(Protocol):
+    """A :class:`Backend` that can stop a run that hangs (optional; e.g. a Python model whose
+    slot runs in a worker process of its own). The dispatcher calls :meth:`abort` once when a
+    slot's batch has run past the hang limit; a runtime without it leaves the slot marked
+    unhealthy until its run returns."""
+
+    def abort(self, slot: int, reason: str) -> bool:
+        """Stop the batch running on ``slot``, from the event loop thread (must not block).
+
+        The slot's pending ``run`` then raises :class:`~trtserve.errors.BackendError` with
+        ``reason`` in its message, after making the slot able to run again (e.g. a new worker
+        process); the dispatcher frees the slot once ``run`` has returned.
+
+        Returns:
+            Whether the run is being stopped; False where this slot cannot be (then the slot
+            stays marked unhealthy until its run returns by itself).
+        """
 
 
 class StagingBuffers:

@@ -28,9 +28,12 @@ Execution, chosen by the config's ``isolation`` parameter:
 ``process`` (with ``instance_group [ { kind: KIND_CPU } ]``)
     Each slot's instance lives in its own worker process (``multiprocessing``, spawn), so
     pure-Python models do not hold the server's GIL. Numeric tensors cross in shared memory
-    (``multiprocessing.shared_memory``) both ways; BYTES tensors are pickled over the pipe. A
-    worker that dies fails the batch it was running and is started again. A program that
-    embeds the server (rather than ``trtserve serve``) needs spawn's usual
+    both ways; BYTES tensors are pickled over the pipe. A worker that dies fails the batch it
+    was running and is started again; so does one whose batch runs past the dispatcher's hang
+    limit (it is killed: :meth:`PythonBackend.abort`). A worker exits as soon as the server
+    process is gone, even mid-batch. The shared memory has no name (a ``memfd``, its descriptor
+    passed over the pipe), so however the processes end nothing is left in ``/dev/shm``. A
+    program that embeds the server (rather than ``trtserve serve``) needs spawn's usual
     ``if __name__ == "__main__":`` guard.
 """
 
@@ -39,13 +42,18 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import mmap
 import multiprocessing
+import multiprocessing.connection
+import os
 import signal
 import sys
+import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import numpy as np
@@ -64,9 +72,10 @@ ISOLATIONS = ("thread", "process")
 STOP_TIMEOUT_S = 10.0  # how long a worker process may take to exit before it is killed
 _ALIGN = 64  # bytes; every tensor in shared memory starts on a cache line
 
-# Numeric tensors in shared memory: the block's name and, per tensor, (dtype, shape, byte
+# Numeric tensors in shared memory: the byte size of a new block whose descriptor follows the
+# packet on the pipe (0: the reader's current block), and per tensor (dtype, shape, byte
 # offset); BYTES tensors travel in the packet itself (pickled).
-Packet = tuple[str | None, dict[str, tuple[np.dtype, tuple[int, ...], int]], Tensors]
+Packet = tuple[int, dict[str, tuple[np.dtype, tuple[int, ...], int]], Tensors]
 
 
 def isolation(spec: ModelSpec) -> str:
@@ -137,7 +146,7 @@ class PythonBackend:
 
         Raises:
             BackendError: ``predict`` raised or returned a wrong output, or the slot's worker
-                process died (it is restarted).
+                process died or was killed by :meth:`abort` (it is restarted first).
         """
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._threads[slot], self._run, slot, batch)
@@ -151,6 +160,15 @@ class PythonBackend:
         if not self.spec.batched:
             outputs = {name: arr[np.newaxis] for name, arr in outputs.items()}
         return outputs
+
+    def abort(self, slot: int, reason: str) -> bool:
+        """Stop the batch running on ``slot`` (see :class:`~trtserve.runtimes.base.Abortable`).
+
+        In process isolation the slot's worker is killed: its ``run`` raises
+        :class:`~trtserve.errors.BackendError` with ``reason``, once a new worker has been
+        started. A thread cannot be stopped: in thread isolation this returns False.
+        """
+        return self._workers[slot].abort(reason)
 
     async def aclose(self) -> None:
         """Stop the worker processes (waiting for each to exit) and the slot threads."""
@@ -272,6 +290,10 @@ class _ThreadWorker:
             for name, arr in outputs.items()
         }
 
+    def abort(self, reason: str) -> bool:
+        """A thread cannot be stopped: the slot stays busy until ``predict`` returns."""
+        return False
+
     def close(self) -> None:
         """Nothing to release: the instance goes with the backend."""
 
@@ -279,21 +301,24 @@ class _ThreadWorker:
 class _ProcessWorker:
     """One slot's ``Model`` instance in a worker process of its own, fed through shared memory.
 
-    Invariants: used only from the slot's thread; ``_process`` is ``None`` only after a worker
-    died and could not be started again (the next batch tries again).
+    Invariants: ``predict`` is called only from the slot's thread, ``abort`` from any thread;
+    ``_process`` is ``None`` only after a worker died and could not be started again (the next
+    batch tries again). Each worker gets shared memory blocks of its own (``_start``).
     """
 
     def __init__(self, spec: ModelSpec, slot: int) -> None:
         self.spec = spec
         self.slot = slot
-        self._inputs = _Arena()  # written here, read by the worker
-        self._outputs = _Attachment()  # written by the worker, read here
+        self._lock = threading.Lock()  # guards _process between the slot's thread and abort()
         self._process: multiprocessing.process.BaseProcess | None = None
+        self._aborted: str | None = None  # why the running batch's worker was killed
         self._start()
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
+        self._inputs = _Arena()  # written here, read by the worker
+        self._outputs = _Attachment()  # written by the worker, read here
         config = self.spec.config.SerializeToString() if self.spec.config is not None else None
         process = ctx.Process(
             target=_serve,
@@ -303,7 +328,8 @@ class _ProcessWorker:
         )
         process.start()
         child.close()  # so that the worker's death reads as EOF here
-        self._process = process
+        with self._lock:
+            self._process = process
         try:
             kind, detail = self._conn.recv()
         except EOFError:
@@ -315,6 +341,7 @@ class _ProcessWorker:
             raise BackendError(detail)
 
     def predict(self, inputs: Tensors, rows: int) -> Tensors:
+        self._aborted = None  # abort() is only called while a batch runs: none does now
         if self._process is not None and not self._process.is_alive():
             # Died between batches: no batch was lost, so replace it quietly.
             code = self._reap()
@@ -322,47 +349,64 @@ class _ProcessWorker:
                         self.spec.name, self.slot, code)
         if self._process is None:
             self._start()
+        packet, fd = self._inputs.write(inputs)
         try:
-            self._conn.send((self._inputs.write(inputs), rows))
+            _send(self._conn, (packet, rows), fd)
             kind, detail = self._conn.recv()
+            if kind == "ok":
+                return self._outputs.read(detail, self._conn)
         except (EOFError, OSError):
-            died = f"worker process for slot {self.slot} died (exit code {self._reap()})"
+            code = self._reap()
+            if self._aborted is not None:
+                died = f"{self._aborted}: worker process for slot {self.slot} killed (exit code {code})"
+            else:
+                died = f"worker process for slot {self.slot} died (exit code {code})"
             log.warning("%s: %s while running a batch of %d rows; restarting", self.spec.name, died, rows)
             try:
                 self._start()
             except BackendError as exc:
                 raise BackendError(f"{died}; restart failed: {exc}") from None
             raise BackendError(f"{died}; restarted") from None
-        if kind == "error":
-            raise BackendError(detail)
-        return self._outputs.read(detail)
+        raise BackendError(detail)
+
+    def abort(self, reason: str) -> bool:
+        """Kill the worker (from any thread, without waiting): the batch it runs fails with
+        ``reason`` and the slot's thread starts a new worker."""
+        with self._lock:
+            if self._process is None:
+                return False
+            self._aborted = reason
+            self._process.kill()
+        return True
 
     def _reap(self) -> int | None:
         """Wait for the worker to exit (killing it after ``STOP_TIMEOUT_S``); its exit code."""
-        assert self._process is not None
-        process, self._process = self._process, None
+        with self._lock:
+            process, self._process = self._process, None
+        assert process is not None
         process.join(STOP_TIMEOUT_S)
         if process.is_alive():
             process.kill()
             process.join()
         self._conn.close()
-        self._outputs.close(unlink=True)  # the worker's last output block outlives it
+        self._inputs.close()
+        self._outputs.close()
         return process.exitcode
 
     def close(self) -> None:
-        """Ask the worker to exit, wait for it, and free both shared memory blocks."""
+        """Ask the worker to exit, wait for it, and unmap both shared memory blocks."""
         if self._process is not None:
             try:
                 self._conn.send(None)
             except OSError:
                 pass  # already dead
             self._reap()
-        self._inputs.close()
 
 
 def _serve(conn: Connection, spec: ModelSpec, config: bytes | None) -> None:
     """A worker process: set up the model, then run the batches the server sends until ``None``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when its workers stop
+    threading.Thread(target=_exit_with_server, name="exit-with-server", daemon=True).start()
     if config is not None:
         spec = replace(spec, config=mc.ModelConfig.FromString(config))
     try:
@@ -375,84 +419,117 @@ def _serve(conn: Connection, spec: ModelSpec, config: bytes | None) -> None:
     try:
         while (message := conn.recv()) is not None:
             packet, rows = message
+            tensors = inputs.read(packet, conn)
             try:
-                reply: tuple[str, object] = ("ok", outputs.write(predict(model, inputs.read(packet), spec, rows)))
+                result, fd = outputs.write(predict(model, tensors, spec, rows))
+                reply: tuple[str, object] = ("ok", result)
             except BackendError as exc:
-                reply = ("error", str(exc))
-            conn.send(reply)
-    except EOFError:
+                reply, fd = ("error", str(exc)), None
+            _send(conn, reply, fd)
+    except (EOFError, OSError):
         pass  # the server went away without a word
+
+
+def _exit_with_server() -> None:
+    """Exit as soon as the server process is gone (killed, or ended with ``os._exit`` on a
+    second signal), even in the middle of a batch that would take an hour: a worker must never
+    outlive its server."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+
+def _send(conn: Connection, message: object, fd: int | None) -> None:
+    """Send ``message``, then (for a packet that names a new block) the block's descriptor."""
+    try:
+        conn.send(message)
+        if fd is not None:
+            reduction.send_handle(conn, fd, 0)  # the pid is used on Windows only
+    finally:
+        if fd is not None:
+            os.close(fd)  # the peer has its own copy; the mapping keeps the memory
+
+
+def _anonymous_block(size: int) -> int:
+    """A descriptor of ``size`` bytes of shared memory with no name in any file system."""
+    if hasattr(os, "memfd_create"):  # Linux
+        fd = os.memfd_create("trtserve-tensors", os.MFD_CLOEXEC)
+    else:
+        with tempfile.TemporaryFile() as f:  # already unlinked
+            fd = os.dup(f.fileno())
+    os.ftruncate(fd, size)
+    return fd
 
 
 class _Arena:
     """The writing side of one direction of a worker's shared memory: a grow-only block that
-    holds one batch's numeric tensors back to back. The writer owns the block; a block it
-    outgrows is unlinked at once (the reader's mapping stays valid until it moves on)."""
+    holds one batch's numeric tensors back to back. A block it outgrows is unmapped at once
+    (the reader's mapping stays valid until it moves on to the new block)."""
 
     def __init__(self) -> None:
-        self._shm: SharedMemory | None = None
+        self._map: mmap.mmap | None = None
 
-    def write(self, tensors: Tensors) -> Packet:
-        """Copy the numeric tensors into the block; the packet tells the reader where they are."""
+    def write(self, tensors: Tensors) -> tuple[Packet, int | None]:
+        """Copy the numeric tensors into the block. Returns the packet that tells the reader
+        where they are, and the descriptor of a new block to send after it (else ``None``)."""
         numeric = {name: arr for name, arr in tensors.items() if arr.dtype != np.dtype(object)}
         objects = {name: arr for name, arr in tensors.items() if name not in numeric}
         if not numeric:
-            return None, {}, objects
+            return (0, {}, objects), None
         layout: dict[str, tuple[np.dtype, tuple[int, ...], int]] = {}
         end = 0
         for name, arr in numeric.items():
             offset = -(-end // _ALIGN) * _ALIGN
             layout[name] = (arr.dtype, arr.shape, offset)
             end = offset + arr.nbytes
-        shm = self._reserve(end)
+        fd = None
+        if self._map is None or len(self._map) < end:
+            size = max(end, 2 * (len(self._map) if self._map is not None else 0), 1 << 16)
+            fd = _anonymous_block(size)
+            self.close()
+            self._map = mmap.mmap(fd, size)
         for name, (dtype, shape, offset) in layout.items():
-            np.ndarray(shape, dtype, buffer=shm.buf, offset=offset)[...] = numeric[name]
-        return shm.name, layout, objects
-
-    def _reserve(self, nbytes: int) -> SharedMemory:
-        old = self._shm
-        if old is None or old.size < nbytes:
-            self._shm = SharedMemory(create=True, size=max(nbytes, 2 * (old.size if old else 0), 1 << 16))
-            if old is not None:
-                old.close()
-                old.unlink()
-        return self._shm  # type: ignore[return-value]
+            np.ndarray(shape, dtype, buffer=self._map, offset=offset)[...] = numeric[name]
+        return (len(self._map) if fd is not None else 0, layout, objects), fd
 
     def close(self) -> None:
-        if self._shm is not None:
-            self._shm.close()
-            self._shm.unlink()
-            self._shm = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
 
 
 class _Attachment:
     """The reading side: maps the writer's current block and copies each batch out of it."""
 
     def __init__(self) -> None:
-        self._shm: SharedMemory | None = None
+        self._map: mmap.mmap | None = None
 
-    def read(self, packet: Packet) -> Tensors:
-        """The packet's tensors as read-only arrays of their own (the block is reused next batch)."""
-        name, layout, objects = packet
+    def read(self, packet: Packet, conn: Connection) -> Tensors:
+        """The packet's tensors as read-only arrays of their own (the block is reused next
+        batch); a new block's descriptor is read from ``conn`` first.
+
+        Raises:
+            EOFError, OSError: the writer went away before the descriptor came.
+        """
+        size, layout, objects = packet
+        if size:
+            fd = reduction.recv_handle(conn)
+            try:
+                self.close()
+                self._map = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
         tensors = dict(objects)
-        if name is not None:
-            if self._shm is None or self._shm.name != name:
-                self.close(unlink=False)
-                self._shm = SharedMemory(name)
-            for tname, (dtype, shape, offset) in layout.items():
-                tensors[tname] = np.ndarray(shape, dtype, buffer=self._shm.buf, offset=offset).copy()
+        for tname, (dtype, shape, offset) in layout.items():
+            assert self._map is not None
+            tensors[tname] = np.ndarray(shape, dtype, buffer=self._map, offset=offset).copy()
         for arr in tensors.values():
             arr.flags.writeable = False
         return tensors
 
-    def close(self, *, unlink: bool) -> None:
-        """Drop the mapping; ``unlink`` also removes the block (its writer is gone)."""
-        if self._shm is None:
-            return
-        self._shm.close()
-        if unlink:
-            try:
-                self._shm.unlink()
-            except FileNotFoundError:
-                pass  # the writer had replaced it already
-        self._shm = None
+    def close(self) -> None:
+        """Drop the mapping (the memory goes once the writer has dropped it too)."""
+        if self._map is not None:
+            self._map.close()
+            self._map = None

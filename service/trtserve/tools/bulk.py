@@ -7,12 +7,16 @@ trtserve servers, or on a Ray cluster with ``--ray``, into a Parquet file.
         --endpoint 10.0.0.1:8001 --endpoint 10.0.0.2:8001
 
 The output has the id column and one column per model output (a fixed-size list per row).
-Rows the server refuses (INVALID_ARGUMENT: bad text, wrong type or shape) go to the errors file
-with the server's message and the job goes on. Re-running the same command after a crash or a
-kill skips every id already committed and finishes the rest; every input id ends up exactly once
-in the output or the errors file (:mod:`trtserve.tools.bulklib.sink` describes the files).
-Exit status: 0 done; 1 the job stopped (no server, stalled, interrupted: re-run to finish) or,
-with ``--fail-on-error``, some rows failed; 2 bad arguments or input.
+Rows the server refuses for good (INVALID_ARGUMENT: bad text, wrong type or shape) go to the
+errors file with the server's message and the job goes on. Rows still refused with a transient
+code (RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED) after ``--max-retries`` are pending:
+in neither file, and the final output is not written. Re-running the same command after a crash,
+a kill or pending rows skips every id already committed or refused for good and finishes the
+rest; every input id ends up exactly once in the output or the errors file
+(:mod:`trtserve.tools.bulklib.sink` describes the files).
+Exit status: 0 done; 1 the job did not finish (no server, stalled, interrupted, or rows pending
+after their retries: re-run the same command to resume) or, with ``--fail-on-error``, some rows
+were refused for good; 2 bad arguments or input.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flush-rows", type=int, default=2048, help="rows per committed part / row group (default: 2048)")
     parser.add_argument("--flush-seconds", type=float, default=30.0, help="commit buffered rows at least this often (default: 30)")
     parser.add_argument("--max-retries", type=int, default=8,
-                        help="retries of a message answered UNAVAILABLE/RESOURCE_EXHAUSTED/DEADLINE_EXCEEDED (default: 8)")
+                        help="retries of a message answered UNAVAILABLE/RESOURCE_EXHAUSTED/DEADLINE_EXCEEDED; "
+                             "a row still refused after them is left for a re-run (exit 1) (default: 8)")
     parser.add_argument("--stall-timeout", type=float, default=300.0,
                         help="stop if no row is answered for this many seconds (default: 300)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr is not a TTY)")
@@ -132,8 +137,12 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(summary.lines()))
     if args.summary_json:
         args.summary_json.write_text(json.dumps(asdict(summary), indent=1, default=str))
+    status = 0
     if summary.errors_total:
         print(f"{summary.errors_total} row(s) refused: see {cfg.errors_path}")
         if cfg.fail_on_error:
-            return 1
-    return 0
+            status = 1
+    if summary.pending:
+        print(f"trtserve bulk: {summary.pending_note(None if args.ray else cfg.max_retries)}", file=sys.stderr)
+        status = 1
+    return status

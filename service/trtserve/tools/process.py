@@ -48,6 +48,9 @@ class ChildServer:
         self.name = name
         self.url = ""
         self.output: deque[str] = deque(maxlen=200)
+        # Set at the end of the output: once every process writing to it (the server, its
+        # model workers, multiprocessing's resource tracker) has exited.
+        self.output_closed = threading.Event()
         self.proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> Self:
@@ -63,6 +66,7 @@ class ChildServer:
                 if match and not listening.is_set():
                     self.url = f"{match.group(1)}:{match.group(2)}"
                     listening.set()
+            self.output_closed.set()
 
         threading.Thread(target=pump, daemon=True).start()
         deadline = time.monotonic() + self.start_timeout

@@ -13,12 +13,15 @@ matched back to its rows by that id.
 * **Retries**: a broken stream (server killed, connection lost) re-queues every unanswered
   message of that stream, for another endpoint or the same one once it is back (exponential
   backoff per endpoint, one probe message first). A message answered ``UNAVAILABLE``,
-  ``RESOURCE_EXHAUSTED`` or ``DEADLINE_EXCEEDED`` is retried with exponential backoff, up to
-  ``max_retries`` times. ``INVALID_ARGUMENT`` (and other per-request errors) are never retried:
-  a multi-row message is split into one message per row, so only the bad row fails, and that
-  row goes to the errors file with the server's message. ``NOT_FOUND``/``UNIMPLEMENTED`` stop
-  the job. If no row is answered for ``stall_timeout`` seconds the job stops; what was
-  committed stays committed and a re-run finishes the rest.
+  ``RESOURCE_EXHAUSTED`` or ``DEADLINE_EXCEEDED`` (transient: :data:`RETRY_CODES`) is retried
+  with exponential backoff, up to ``max_retries`` times; a row still refused that way after its
+  retries is *pending*, never final: it goes neither to the output nor to the errors file, the
+  job ends without writing the final file and exits 1, and a re-run sends it again.
+  ``INVALID_ARGUMENT`` (and other per-request errors) are permanent and never retried: a
+  multi-row message is split into one message per row, so only the bad row fails, and that row
+  goes to the errors file with the server's message. ``NOT_FOUND``/``UNIMPLEMENTED`` stop the
+  job. If no row is answered for ``stall_timeout`` seconds the job stops; what was committed
+  stays committed and a re-run finishes the rest.
 * **Exactly once**: see :mod:`.sink`. Within a run each id is planned once (a repeated input id
   is skipped and counted), each message id is used once (a re-send gets a new id, so a late
   answer can never be taken for another attempt's).
@@ -52,6 +55,7 @@ from .source import Row, RowEncoder, count_rows, detect_format, open_batches, pa
 
 log = logging.getLogger("trtserve.bulk")
 
+# Transient refusals: retried, and never final (a row refused only with these is left for a re-run).
 RETRY_CODES = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "ABORTED"})
 FATAL_CODES = frozenset({"NOT_FOUND", "UNIMPLEMENTED", "PERMISSION_DENIED", "UNAUTHENTICATED"})
 BULK_CHANNEL_OPTIONS = CHANNEL_OPTIONS + [
@@ -111,6 +115,8 @@ class Summary:
     duplicates: int = 0
     errors: int = 0
     errors_total: int = 0
+    pending: int = 0  # rows given up on after transient refusals: a re-run sends them again
+    pending_codes: dict[str, int] = field(default_factory=dict)
     retries: int = 0
     splits: int = 0
     broken_streams: int = 0
@@ -127,8 +133,8 @@ class Summary:
         lines = [
             f"rows written {self.rows_written}  (read {self.rows_read}, skipped as already committed {self.skipped}, "
             f"duplicate ids {self.duplicates})",
-            f"errors {self.errors} this run ({self.errors_total} in the errors file)  retries {self.retries}  "
-            f"broken streams {self.broken_streams}  split messages {self.splits}",
+            f"errors {self.errors} this run ({self.errors_total} in the errors file)  pending {self.pending}  "
+            f"retries {self.retries}  broken streams {self.broken_streams}  split messages {self.splits}",
             f"wall {self.wall_s:.1f} s  {self.rows_per_s:.1f} rows/s",
         ]
         if self.messages:
@@ -137,8 +143,20 @@ class Summary:
         if not math.isnan(self.mean_batch_size):
             lines.append(f"mean batch size {self.mean_batch_size:.2f} (servers' ModelStatistics, this run)")
         lines.append("rows per endpoint: " + ", ".join(f"{k}: {v}" for k, v in self.per_endpoint.items()))
-        lines.append(f"output rows {self.output_rows}")
+        if self.pending:
+            lines.append(f"output not final: {self.pending} row(s) pending (committed rows are kept in the parts)")
+        else:
+            lines.append(f"output rows {self.output_rows}")
         return lines
+
+    def pending_note(self, max_retries: int | None) -> str:
+        """The sentence ``trtserve bulk`` ends with when rows are pending ("" when none)."""
+        if not self.pending:
+            return ""
+        codes = ", ".join(f"{code} {n}" for code, n in sorted(self.pending_codes.items()))
+        after = f" after {max_retries} retries" if max_retries is not None else ""
+        return (f"{self.pending} row(s) not done: refused with retryable codes ({codes}){after}; they are "
+                "not in the errors file: re-run the same command to resume them")
 
 
 @dataclass
@@ -241,7 +259,8 @@ class BulkJob:
             await self._flush()
             self.errors.close()
             stats_after = await self._statistics()
-            self.summary.output_rows = await asyncio.to_thread(self.store.finalize, cfg.id_column)
+            if not self.summary.pending:  # the final file is written once every row is done
+                self.summary.output_rows = await asyncio.to_thread(self.store.finalize, cfg.id_column)
             self._finish_summary(start, stats_before, stats_after)
             return self.summary
         finally:
@@ -563,7 +582,8 @@ class BulkJob:
         if code in FATAL_CODES:
             self._fail(BulkError(f"{ep.url}: {code}: {text}"))
             return
-        if code in RETRY_CODES and msg.attempts < self.cfg.max_retries:
+        transient = code in RETRY_CODES
+        if transient and msg.attempts < self.cfg.max_retries:
             msg.attempts += 1
             self.summary.retries += 1
             if code == "UNAVAILABLE":  # the server is going away (draining, model unloading): go elsewhere
@@ -580,8 +600,9 @@ class BulkJob:
                 self.work.put_nowait(Message([row], stack_rows([row], self.batched)))
             return
         row = msg.rows[0]
-        if code in RETRY_CODES:
-            text = f"{text} (gave up after {msg.attempts} retries)"
+        if transient:  # not the row's fault: leave it for a re-run, never in the errors file
+            self._leave_pending(row, code, text)
+            return
         self._record_error(row.id, row.seq, code, text, ep.url)
 
     # -- results ------------------------------------------------------------------------------
@@ -590,6 +611,15 @@ class BulkJob:
         self.errors.write({"id": key, "row": seq, "code": code, "message": text, "endpoint": where})
         self.summary.errors += 1
         self._resolve_row(seq, None, planned=True)
+
+    def _leave_pending(self, row: Row, code: str, text: str) -> None:
+        s = self.summary
+        s.pending += 1
+        s.pending_codes[code] = s.pending_codes.get(code, 0) + 1
+        if s.pending == 1:
+            log.warning("row %r still refused after %d retries (%s: %s); it is left for a re-run",
+                        row.id, self.cfg.max_retries, code, text)
+        self._resolve_row(row.seq, None, planned=True)
 
     def _resolve_message(self, msg: Message, outputs: dict[str, np.ndarray]) -> None:
         if self.cfg.ordered:
