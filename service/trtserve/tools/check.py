@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..spec import ModelSpec
+from . import ToolError, fail, model_dir, model_failure
 
 WORDS = "a man woman dog cat runs jumps over the lazy quick brown fox on red blue street park plays guitar".split()
 
@@ -81,29 +82,41 @@ async def check_model(root: Path, name: str, *, samples: int = 32, atol: float =
     """Load ``root/name`` and compare each sample's outputs alone vs batched.
 
     Raises:
-        RuntimeError: the model failed to load (with the reason).
+        ToolError: no such repository or model, the model does not load, or it fails on a
+            sample request (the message says which, with the reason).
     """
     from .. import runtimes
     from ..clock import MonotonicClock
-    from ..repository import ModelState, Repository
+    from ..pipeline import ServedModel
+    from ..repository import load_spec
 
+    directory = model_dir(root, name)
     pool = ThreadPoolExecutor(2)
-    repository = Repository(root, clock=MonotonicClock(), pool=pool, backend_factory=runtimes.create)
-    entry = await repository.load(name)
-    if entry.state is not ModelState.READY or entry.served is None:
-        raise RuntimeError(f"model '{name}' did not load: {entry.reason}")
-    served = entry.served
+    backend = served = None
     try:
-        rng = np.random.default_rng(seed)
-        sample_fn = getattr(served.handler, "samples", None)
-        requests = sample_fn(samples, rng) if sample_fn else synthesize(served.spec, samples, rng)
-        alone = [await served.infer(r) for r in requests]
-        stats = served.dispatcher.stats
-        runs, rows = stats.batches, stats.rows
-        together = await asyncio.gather(*(served.infer(r) for r in requests))
-        mean_batch = (stats.rows - rows) / max(stats.batches - runs, 1)
+        try:
+            spec = load_spec(directory)
+            backend = await asyncio.to_thread(runtimes.create, spec)
+            served = ServedModel(spec, backend, clock=MonotonicClock(), pool=pool)
+            await served.start()
+        except Exception as exc:  # whatever stops it loading is the user's one line
+            raise model_failure(name, "cannot load", exc) from exc
+        try:
+            rng = np.random.default_rng(seed)
+            sample_fn = getattr(served.handler, "samples", None)
+            requests = sample_fn(samples, rng) if sample_fn else synthesize(served.spec, samples, rng)
+            alone = [await served.infer(r) for r in requests]
+            stats = served.dispatcher.stats
+            runs, rows = stats.batches, stats.rows
+            together = await asyncio.gather(*(served.infer(r) for r in requests))
+            mean_batch = (stats.rows - rows) / max(stats.batches - runs, 1)
+        except Exception as exc:  # the engine or the handler failing on a sample
+            raise model_failure(name, "failed on a sample request", exc) from exc
     finally:
-        await repository.aclose()
+        if served is not None:
+            await served.aclose()
+        elif backend is not None:
+            await backend.aclose()
         pool.shutdown()
     max_diff: dict[str, float] = {}
     for a, b in zip(alone, together):
@@ -120,7 +133,11 @@ async def check_model(root: Path, name: str, *, samples: int = 32, atol: float =
 
 
 def run(args: argparse.Namespace) -> int:
-    report = asyncio.run(check_model(args.model_repository, args.model, samples=args.samples, atol=args.atol, seed=args.seed))
+    """Exit status: 0 batch-safe, 1 not, 2 the check could not run (one line on stderr)."""
+    try:
+        report = asyncio.run(check_model(args.model_repository, args.model, samples=args.samples, atol=args.atol, seed=args.seed))
+    except ToolError as exc:
+        return fail("check", exc)
     print(f"{args.model}: {args.samples} samples alone vs batched together (mean batch size {report.mean_batch_size:.1f})")
     for out, diff in report.max_diff.items():
         verdict = "ok" if diff <= report.atol else "DIFFERS"
