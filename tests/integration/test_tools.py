@@ -142,3 +142,48 @@ def test_the_command_itself_prints_one_line_and_exits_2(tool, engines, tmp_path)
     assert done.returncode == 2, done
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"trtserve {tool}: no model 'nosuch'"), done.stderr
+
+
+# -- verdicts ----------------------------------------------------------------------------------
+
+REPORTS_ITS_BATCH = """
+    import time
+
+    import numpy as np
+
+
+    class Model:
+        def setup(self, config):
+            pass
+
+        def predict(self, inputs):
+            x = inputs["INPUT0"]
+            time.sleep(0.005)  # the slot stays busy a moment, so the samples queue and batch
+            return {"OUTPUT0": x, "BATCH_SIZE": np.full((len(x), 1), len(x), dtype=np.int32)}
+"""
+
+
+@pytest.mark.parametrize("model", ["slow", "scale"])
+def test_check_says_the_shipped_python_examples_are_batch_safe(model, engines, capsys):
+    """``slow`` answered the size of the batch each row ran in, so ``check slow`` said NOT
+    batch-safe (issue 17); the shipped examples pass."""
+    code, out, err = run_tool(["check", model, "--model-repository", str(engines), "--samples", "12"], capsys)
+    assert (code, err) == (0, ""), out
+    assert out.splitlines()[-1] == "batch-safe"
+
+
+def test_check_names_an_output_that_reports_its_batch_and_says_why_it_differs(tmp_path, capsys):
+    model = write_python(tmp_path, "counts_rows", REPORTS_ITS_BATCH)
+    config = model / "config.pbtxt"
+    config.write_text(config.read_text().replace(
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]',
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },'
+        ' { name: "BATCH_SIZE" data_type: TYPE_INT32 dims: [ 1 ] } ]',
+    ))
+    code, out, err = run_tool(["check", "counts_rows", "--model-repository", str(tmp_path), "--samples", "8"], capsys)
+    assert (code, err) == (1, ""), out
+    lines = out.splitlines()
+    assert any(line.split()[:1] == ["OUTPUT0"] and line.endswith(" ok") for line in lines), out
+    assert any(line.split()[:1] == ["BATCH_SIZE"] and line.endswith("DIFFERS") for line in lines), out
+    assert lines[-1].startswith("NOT batch-safe: batching changes BATCH_SIZE.")
+    assert "reports the batch itself" in lines[-1] and "batch_stats" in lines[-1]
