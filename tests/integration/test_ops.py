@@ -166,8 +166,8 @@ def test_metrics_after_a_known_workload(metrics_server):
     assert statistics.inference_count == stats.rows and statistics.execution_count == stats.batches
     assert sum(b.compute_infer.count for b in statistics.batch_stats) == stats.batches
     assert abs(statistics.last_inference / 1000 - time.time()) < 60
-    if stats.queue.count == 0:
-        pytest.skip("the dispatcher does not call stats.record_started / record_batch(requests=) yet (issue 8 hooks)")
+    # Every answered request was queued and ran once: the dispatcher's stats hooks are wired (a
+    # count of 0 here means it stopped calling them, and fails, not skips).
     assert sample(m, "trtserve_queue_duration_seconds_count", model="ident") == ok == infer.queue.count
     assert infer.compute_infer.count == ok
 

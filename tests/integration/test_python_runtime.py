@@ -16,6 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
+from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request, parse_response
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
@@ -131,8 +132,10 @@ def test_slow_expired_requests_are_never_executed(make_server, engines, tmp_path
             assert when in err.value.details()
         for out in (f.result() for f in urgent):
             np.testing.assert_array_equal(out["OUTPUT0"], x)
-            assert out["BATCH_SIZE"].tolist() == [[8]] * 8
         np.testing.assert_array_equal(patient.result()["OUTPUT0"], x[:1])
+        stats = c.stub.ModelStatistics(pb.ModelStatisticsRequest(name="slow")).model_stats[0]
+    # The urgent requests ran as four full batches, the patient row alone.
+    assert {b.batch_size: b.compute_infer.count for b in stats.batch_stats} == {8: 4, 1: 1}
     assert model.executed - executed == 4 * 8 + 1  # the urgent batches and the patient row, nothing else
     assert served.dispatcher.stats.expired_before_run - expired == 2
 

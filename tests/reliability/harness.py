@@ -203,3 +203,62 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01) -> bool:
     while not (ok := predicate()) and time.monotonic() < end:
         time.sleep(interval)
     return bool(ok)
+
+
+# The gate model: like the probe, but every batch of real rows (ids >= 1; the warm-up's are
+# zeros) first appends its row ids to ``log_file`` as one line, then waits until ``gate_file``
+# exists (at most ``gate_limit_s``, a safety net), then sleeps ``batch_ms``. A test holds the
+# running batch for as long as it needs (the queue fills behind it, a client goes away), then
+# opens the gate: ordering by events, not by how long a batch takes on a busy machine.
+GATE = '''
+    import os
+    import time
+
+    import numpy as np
+
+
+    class Model:
+        def setup(self, config):
+            p = config.parameters
+            self.log_file = p["log_file"]
+            self.gate_file = p["gate_file"]
+            self.limit_s = float(p.get("gate_limit_s", 60))
+            self.batch_s = float(p.get("batch_ms", 0)) / 1000
+
+        def predict(self, inputs):
+            x = inputs["INPUT0"]
+            if np.count_nonzero(x):
+                ids = [float(v) for v in x.reshape(len(x), -1)[:, 0]]
+                with open(self.log_file, "a") as f:
+                    f.write(" ".join(map(repr, ids)) + "\\n")
+                end = time.monotonic() + self.limit_s
+                while not os.path.exists(self.gate_file) and time.monotonic() < end:
+                    time.sleep(0.002)
+                time.sleep(self.batch_s)
+            return {"OUTPUT0": x.copy()}
+'''
+
+
+def write_gate(root: Path, name: str, log_file: Path, gate_file: Path, *, max_batch_size: int = 4,
+               instances: int = 1, dynamic: str = "", **params: object) -> Path:
+    """``root/name``: the gate Python model (see ``GATE``), FP32 INPUT0 [-1] → OUTPUT0 [-1]."""
+    model_dir = Path(root) / name
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "1" / "model.py").write_text(textwrap.dedent(GATE))
+    params = {"log_file": log_file, "gate_file": gate_file, **params}
+    parameters = "\n".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items())
+    (model_dir / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        f"dynamic_batching {{ {dynamic} }}\n"
+        f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n{parameters}\n"
+    )
+    return model_dir
+
+
+def gate_batches(log_file: Path) -> list[list[float]]:
+    """The row ids of every batch the gate model started, in start order."""
+    if not Path(log_file).exists():
+        return []
+    return [[float(v) for v in line.split()] for line in Path(log_file).read_text().splitlines() if line]

@@ -7,15 +7,16 @@ identity_fp32 (dims [8]); default window (max_queue_delay 0).
     ``make soak`` runs the long version on minilm) while a second client sends a unary request
     every 100 ms. No stall (answers arrive in every second of the run), p99 stream latency
     under window + execution + 100 ms, unary p99 under 100 ms.
-(b) The stream client stops reading for 5 s (the case: 30 s) while it keeps sending, as fast
-    as the transport lets it. The server stops reading that stream after ``stream_inflight``
+(b) The stream client stops reading (until both sides stop, then 2 s more; the case: 30 s)
+    while it keeps sending, as fast as the transport lets it. The server stops reading that stream after ``stream_inflight``
     (32 here) unwritten answers: the requests it takes in stop growing (HTTP/2 flow control
     pushes back on the client) and so does memory; when reading resumes every response is
     delivered, once. (The fix: a stream's in-flight slot is held until its answer is written.)
 (c) 50 streams at once, each sending 20 requests per second for 8 s (the case leaves the
-    duration open): every stream makes progress and gets every answer; the server's asyncio
-    task count and the process's RSS stay bounded, and the task count returns to its baseline
-    once the streams close.
+    duration open): every stream gets every answer; the server's asyncio task count and the
+    process's RSS stay bounded, and the task count returns to its baseline once the streams
+    close. That each stream is answered all along (its answers spread over the 8 s, not one
+    burst at the end) is a wall-clock claim: a test of its own under the ``timing`` marker.
 """
 
 from __future__ import annotations
@@ -113,12 +114,24 @@ def test_b_a_client_that_stops_reading_is_held_back_by_flow_control(srv):
             yield build_request("identity_fp32", {"INPUT0": x}, request_id=str(sent))
             sent += 1
 
+    def plateau() -> tuple[int, int]:
+        """(taken, sent) once neither grew over a whole second (at most 60 s)."""
+        last = (-1, -1)
+        for _ in range(60):
+            now = (answered(srv) - before, sent)
+            if now == last:
+                return now
+            last = now
+            time.sleep(1.0)
+        raise AssertionError(f"still growing after 60 s: taken {now[0]}, sent {now[1]}")
+
     before, rss_before = answered(srv), rss_bytes(os.getpid())
     with srv.client() as c:
-        call = c.stub.ModelStreamInfer(requests(), timeout=60)
-        time.sleep(2.0)  # not reading
-        taken_2s, sent_2s = answered(srv) - before, sent
-        time.sleep(3.0)
+        call = c.stub.ModelStreamInfer(requests(), timeout=120)
+        # Not reading. However busy the machine, both sides stop (flow control): the plateau,
+        # then the numbers again 2 s later.
+        taken_2s, sent_2s = plateau()
+        time.sleep(2.0)
         taken_5s, sent_5s = answered(srv) - before, sent
         rss_paused = rss_bytes(os.getpid())
         stop.set()
@@ -129,24 +142,30 @@ def test_b_a_client_that_stops_reading_is_held_back_by_flow_control(srv):
             if len(ids) >= sent:
                 break
         call.cancel()
-    print(f"\nC08b: paused 5 s: the server took {taken_2s} requests by 2 s and {taken_5s} by 5 s "
+    print(f"\nC08b: not reading: the server took {taken_2s} requests at the plateau and {taken_5s} 2 s later "
           f"(client sent {sent_2s}, {sent_5s}); RSS +{(rss_paused - rss_before) / 2**20:.1f} MiB; {len(ids)} delivered after")
-    assert taken_5s == taken_2s and sent_5s == sent_2s  # plateau: both sides held by flow control
-    assert taken_5s < 2000  # INFLIGHT in progress + what the HTTP/2 windows hold, not "everything sent"
+    # Held by flow control: what the server took, and what the client could send, stay bounded
+    # (INFLIGHT in progress + what the HTTP/2 windows hold), not "everything sent" — bounds, not
+    # an equality of two samples, so a stalled (busy) machine cannot fake or break the plateau.
+    assert taken_5s < 2000 and sent_5s < 4000
     assert rss_paused - rss_before < 64 * 2**20
     assert sorted(ids, key=int) == [str(i) for i in range(sent)]  # every response, once
 
 
-def test_c_fifty_streams_all_progress_with_bounded_tasks_and_memory(srv):
-    streams, rate, duration = 50, 20, 8.0
+def fifty_streams(srv, streams: int = 50, rate: int = 20, duration: float = 8.0):
+    """C08c's load: ``streams`` streams at once, each writing ``rate`` [1,8] requests a second
+    for ``duration`` s, then half-closing. Asserts every stream ends OK with every answer, once.
+
+    Returns (each stream's answers as (id, seconds since the start), the task-count baseline,
+    (task count, RSS) sampled every second, RSS before)."""
     loop = srv.loop
     baseline_tasks = len(asyncio.run_coroutine_threadsafe(_tasks(), loop).result())
     rss_before = rss_bytes(os.getpid())
     samples: list[tuple[int, int]] = []
+    n = int(duration * rate)
 
     async def one(stub, k: int) -> list[tuple[str, float]]:
         call = stub.ModelStreamInfer()
-        n = int(duration * rate)
 
         async def write():
             start = time.monotonic()
@@ -178,17 +197,34 @@ def test_c_fifty_streams_all_progress_with_bounded_tasks_and_memory(srv):
 
     start = time.monotonic()
     results = asyncio.run(main())
-    n = int(duration * rate)
     for k, received in enumerate(results):
-        assert sorted(i for i, _ in received) == sorted(f"{k}-{i}" for i in range(n))
-        times = [t - start for _, t in received]
-        assert max(times) - min(times) > duration * 0.8  # answered all along, not in one burst at the end
-    assert wait_for(lambda: len(asyncio.run_coroutine_threadsafe(_tasks(), loop).result()) <= baseline_tasks + 2, 10)
+        assert sorted(i for i, _ in received) == sorted(f"{k}-{i}" for i in range(n))  # every answer, once
+    answers = [[(i, t - start) for i, t in received] for received in results]
+    return answers, baseline_tasks, samples, rss_before
+
+
+def test_c_fifty_streams_all_get_every_answer_with_bounded_tasks_and_memory(srv):
+    """C08(c), what holds however busy the machine is: every stream ends OK with every answer;
+    the server's task count and RSS stay bounded, and the task count returns to its baseline."""
+    answers, baseline_tasks, samples, rss_before = fifty_streams(srv)
+    assert wait_for(lambda: len(asyncio.run_coroutine_threadsafe(_tasks(), srv.loop).result()) <= baseline_tasks + 2, 30)
     peak_tasks = max(t for t, _ in samples)
     growth = max(r for _, r in samples) - rss_before
-    print(f"\nC08c: {streams} streams x {n}: tasks baseline {baseline_tasks}, peak {peak_tasks}; RSS +{growth / 2**20:.1f} MiB")
-    assert peak_tasks < baseline_tasks + streams * (INFLIGHT + 4)
+    print(f"\nC08c: {len(answers)} streams x {len(answers[0])}: tasks baseline {baseline_tasks}, peak {peak_tasks}; "
+          f"RSS +{growth / 2**20:.1f} MiB")
+    assert peak_tasks < baseline_tasks + len(answers) * (INFLIGHT + 4)
     assert growth < 128 * 2**20
+
+
+@pytest.mark.timing
+def test_c_fifty_streams_are_answered_all_along_not_in_one_burst(srv):
+    """C08(c), on a quiet machine: each stream's answers span most of its 8 s of sending, so no
+    stream waits for the others to finish (a wall-clock spread: ``make reliability``)."""
+    duration = 8.0
+    answers, *_ = fifty_streams(srv, duration=duration)
+    spreads = [max(t for _, t in a) - min(t for _, t in a) for a in answers]
+    print(f"\nC08c: answer spread per stream min {min(spreads):.2f} s, max {max(spreads):.2f} s (sending {duration:.0f} s)")
+    assert min(spreads) > duration * 0.8
 
 
 async def _tasks():

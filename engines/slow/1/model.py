@@ -1,8 +1,8 @@
 """``slow``: identity that takes a known time, batch_ms + row_ms * rows per batch.
 
 Config parameters ``batch_ms`` (default 20) and ``row_ms`` (default 1), in milliseconds.
-Outputs: OUTPUT0 = INPUT0 (FP32 [rows, n]) and BATCH_SIZE (INT32 [rows, 1]), the number of
-rows in the batch each row ran in.
+Output: OUTPUT0 = INPUT0 (FP32 [rows, n]). Nothing in an answer depends on the batch it ran in
+(``trtserve check slow`` passes); ModelStatistics' ``batch_stats`` say which batch sizes ran.
 
 ``executed`` counts the rows this instance has run (the warm-up row included). The server
 runs thread isolation here, so an in-process test reads it as
@@ -27,4 +27,4 @@ class Model:
         rows = len(x)
         time.sleep(self.batch_s + self.row_s * rows)
         self.executed += rows
-        return {"OUTPUT0": x, "BATCH_SIZE": np.full((rows, 1), rows, dtype=np.int32)}
+        return {"OUTPUT0": x}

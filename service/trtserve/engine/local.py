@@ -10,25 +10,28 @@ batching path that ``trtserve serve`` runs, without the IPC.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import Executor
 
 from ..batching.queue import Segment
 from ..frontend.pipeline import FrontendModel
 from ..repository import Repository
+from .model import EngineModel
 
 
 class LocalEngine:
-    """Requests straight into ``repository``'s dispatchers (on the running event loop)."""
+    """Requests straight into the dispatchers of the models that ``get(name, version)``
+    returns (``Repository.get``), on the running event loop."""
 
-    def __init__(self, repository: Repository) -> None:
-        self.repository = repository
+    def __init__(self, get: Callable[[str, str], EngineModel]) -> None:
+        self.get = get
 
     async def infer(
         self, model: str, version: str, segments: list[Segment], *, priority: int = 0,
         timeout: float | None = None, deadline: float = math.inf,
     ) -> tuple[list[Segment], float]:
         """See :meth:`EngineClient.infer <trtserve.frontend.engine_client.EngineClient.infer>`."""
-        future, resolved = self.repository.get(model, version).submit(
+        future, resolved = self.get(model, version).submit(
             segments, priority=priority, timeout=timeout, deadline=deadline
         )
         return await future, resolved
@@ -40,4 +43,4 @@ def local_model(repository: Repository, name: str, pool: Executor) -> FrontendMo
     Raises:
         ModelNotFound, ModelNotReady: see :meth:`Repository.get`.
     """
-    return FrontendModel(repository.get(name).spec, LocalEngine(repository), pool=pool)  # type: ignore[arg-type]
+    return FrontendModel(repository.get(name).spec, LocalEngine(repository.get), pool=pool)  # type: ignore[arg-type]

@@ -3,7 +3,9 @@
 Runs sample requests through the model in-process, first one at a time (each a batch of its
 own), then all at once so the dispatcher batches them together, padding rows of different
 lengths to the longest. Reports the largest absolute difference per output and exits 1 when
-any exceeds ``--atol``. Principle 4 of the design: batching never changes an answer.
+any exceeds ``--atol``, naming those outputs. Principle 4 of the design: batching never changes
+an answer, so an output that reports the batch (its size, a row count) fails by design; every
+shipped example passes.
 
 Samples are synthesised from the model's input spec (random values; variable dims of random
 length 1..24; BYTES as random words), unless the handler defines ``samples(n, rng)``
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..spec import ModelSpec
+from . import ToolError, fail, model_dir, model_failure
 
 WORDS = "a man woman dog cat runs jumps over the lazy quick brown fox on red blue street park plays guitar".split()
 
@@ -81,30 +84,44 @@ async def check_model(root: Path, name: str, *, samples: int = 32, atol: float =
     """Load ``root/name`` and compare each sample's outputs alone vs batched.
 
     Raises:
-        RuntimeError: the model failed to load (with the reason).
+        ToolError: no such repository or model, the model does not load, or it fails on a
+            sample request (the message says which, with the reason).
     """
     from .. import runtimes
     from ..clock import MonotonicClock
-    from ..engine.local import local_model
-    from ..repository import ModelState, Repository
+    from ..engine.local import LocalEngine
+    from ..engine.model import EngineModel
+    from ..frontend.pipeline import FrontendModel
+    from ..repository import load_spec
 
+    directory = model_dir(root, name)
     pool = ThreadPoolExecutor(2)
-    repository = Repository(root, clock=MonotonicClock(), backend_factory=runtimes.create)
-    entry = await repository.load(name)
-    if entry.state is not ModelState.READY or entry.served is None:
-        raise RuntimeError(f"model '{name}' did not load: {entry.reason}")
-    model = local_model(repository, name, pool)
+    backend = served = None
     try:
-        rng = np.random.default_rng(seed)
-        sample_fn = getattr(model.handler, "samples", None)
-        requests = sample_fn(samples, rng) if sample_fn else synthesize(model.spec, samples, rng)
-        alone = [(await model.infer(r))[0] for r in requests]
-        stats = entry.served.dispatcher.stats
-        runs, rows = stats.batches, stats.rows
-        together = [out for out, _deadline in await asyncio.gather(*(model.infer(r) for r in requests))]
-        mean_batch = (stats.rows - rows) / max(stats.batches - runs, 1)
+        try:
+            spec = load_spec(directory)
+            backend = await asyncio.to_thread(runtimes.create, spec)
+            served = EngineModel(spec, backend, clock=MonotonicClock())
+            await served.start()
+            model = FrontendModel(spec, LocalEngine(lambda _name, _version: served), pool=pool)  # type: ignore[arg-type]
+        except Exception as exc:  # whatever stops it loading is the user's one line
+            raise model_failure(name, "cannot load", exc) from exc
+        try:
+            rng = np.random.default_rng(seed)
+            sample_fn = getattr(model.handler, "samples", None)
+            requests = sample_fn(samples, rng) if sample_fn else synthesize(spec, samples, rng)
+            alone = [(await model.infer(r))[0] for r in requests]
+            stats = served.dispatcher.stats
+            runs, rows = stats.batches, stats.rows
+            together = [out for out, _deadline in await asyncio.gather(*(model.infer(r) for r in requests))]
+            mean_batch = (stats.rows - rows) / max(stats.batches - runs, 1)
+        except Exception as exc:  # the engine or the handler failing on a sample
+            raise model_failure(name, "failed on a sample request", exc) from exc
     finally:
-        await repository.aclose()
+        if served is not None:
+            await served.aclose()
+        elif backend is not None:
+            await backend.aclose()
         pool.shutdown()
     max_diff: dict[str, float] = {}
     for a, b in zip(alone, together):
@@ -121,10 +138,20 @@ async def check_model(root: Path, name: str, *, samples: int = 32, atol: float =
 
 
 def run(args: argparse.Namespace) -> int:
-    report = asyncio.run(check_model(args.model_repository, args.model, samples=args.samples, atol=args.atol, seed=args.seed))
+    """Exit status: 0 batch-safe, 1 not, 2 the check could not run (one line on stderr)."""
+    try:
+        report = asyncio.run(check_model(args.model_repository, args.model, samples=args.samples, atol=args.atol, seed=args.seed))
+    except ToolError as exc:
+        return fail("check", exc)
     print(f"{args.model}: {args.samples} samples alone vs batched together (mean batch size {report.mean_batch_size:.1f})")
     for out, diff in report.max_diff.items():
         verdict = "ok" if diff <= report.atol else "DIFFERS"
         print(f"  {out:20s} max |alone - batched| = {diff:.3g}  (atol {report.atol:g})  {verdict}")
-    print("batch-safe" if report.ok else "NOT batch-safe: batching changes answers (padding leaks into the result?)")
-    return 0 if report.ok else 1
+    if report.ok:
+        print("batch-safe")
+        return 0
+    differ = ", ".join(out for out, diff in report.max_diff.items() if diff > report.atol)
+    print(f"NOT batch-safe: batching changes {differ}. A row's answer must not depend on the rows batched with it:"
+          " look for padding leaking into the result, or an output that reports the batch itself (its size, a row"
+          " count), which differs by design (ModelStatistics batch_stats already say which batch sizes ran)")
+    return 1

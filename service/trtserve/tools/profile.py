@@ -19,6 +19,7 @@ import numpy as np
 
 from ..batching.latency import LatencyModel
 from ..batching.policy import adaptive_cap
+from . import ToolError, fail, model_dir, model_failure
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,14 +32,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def measure(root: Path, name: str, lengths: list[int], repeats: int) -> dict[int, dict[int, float]]:
-    """length → batch size → median seconds per batch, on the model's own engine."""
+    """length → batch size → median seconds per batch, on the model's own engine.
+
+    Raises:
+        ToolError: no such repository or model, the model does not load, or its engine fails
+            on a batch (the message says which, with the reason).
+    """
     from .. import runtimes
     from ..engine.model import sample_inputs
     from ..repository import load_spec
     from ..runtimes.base import Batch
 
-    spec = load_spec(root / name)
-    backend = await asyncio.to_thread(runtimes.create, spec)
+    directory = model_dir(root, name)
+    try:
+        spec = load_spec(directory)
+        backend = await asyncio.to_thread(runtimes.create, spec)
+    except Exception as exc:  # whatever stops it loading is the user's one line
+        raise model_failure(name, "cannot load", exc) from exc
     try:
         variable = any(-1 in t.dims for t in backend.inputs)
         sizes = [1]
@@ -50,14 +60,17 @@ async def measure(root: Path, name: str, lengths: list[int], repeats: int) -> di
         for length in lengths if variable else [1]:
             table[length] = {}
             for rows in sizes:
-                inputs = backend.prepare(sample_inputs(backend.inputs, rows, length))
-                batch = Batch((inputs,), rows)
-                await backend.run(0, batch)  # warm
-                times = []
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    await backend.run(0, batch)
-                    times.append(time.perf_counter() - start)
+                try:
+                    inputs = backend.prepare(sample_inputs(backend.inputs, rows, length))
+                    batch = Batch((inputs,), rows)
+                    await backend.run(0, batch)  # warm
+                    times = []
+                    for _ in range(repeats):
+                        start = time.perf_counter()
+                        await backend.run(0, batch)
+                        times.append(time.perf_counter() - start)
+                except Exception as exc:  # the engine failing on a synthetic batch
+                    raise model_failure(name, f"failed on a batch of {rows} (length {length})", exc) from exc
                 table[length][rows] = float(np.median(times))
         return table
     finally:
@@ -75,7 +88,11 @@ def recommend(curve: dict[int, float], budget: float, tolerance: float, limit: i
 
 
 def run(args: argparse.Namespace) -> int:
-    table = asyncio.run(measure(args.model_repository, args.model, args.lengths, args.repeats))
+    """Exit status: 0, or 2 where the model could not be profiled (one line on stderr)."""
+    try:
+        table = asyncio.run(measure(args.model_repository, args.model, args.lengths, args.repeats))
+    except ToolError as exc:
+        return fail("profile", exc)
     budget = args.latency_budget_ms / 1e3
     print(f"{args.model}: engine alone, median of {args.repeats} runs")
     print(f"{'length':>6} {'batch':>6} {'latency ms':>11} {'rows/s':>9}")
@@ -89,7 +106,11 @@ def run(args: argparse.Namespace) -> int:
     choice = max(knees.values())
     print(f"recommended: max_batch_size: {choice}   (config.pbtxt; or parameters adaptive_batch_size \"true\" to follow drift)")
 
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # a dev extra; the table and the recommendation above stand without it
+        print("plot: skipped (matplotlib is not installed: pip install matplotlib)")
+        return 0
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
