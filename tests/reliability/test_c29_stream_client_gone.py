@@ -107,13 +107,25 @@ def messages(count: int, model: str = "gated", done: threading.Event | None = No
         hold.wait()
 
 
+def first_batch(g: Gated) -> list[float] | None:
+    """The rows of the batch held at the gate once everything else waits behind it, or None
+    before then. An idle slot never waits, so the first batch starts with the first message;
+    messages that reached the engine core together with it share it (up to 4 rows)."""
+    ran = g.ran()
+    if ran and ran == [float(i) for i in range(1, len(ran) + 1)] and g.metric("trtserve_queue_depth", "gated") == BACKLOG - len(ran):
+        return ran
+    return None
+
+
 def backlog_queued(g: Gated) -> bool:
-    """The first message runs (held at the gate) and the other 119 wait behind it."""
-    return g.ran() == [1.0] and g.metric("trtserve_queue_depth", "gated") == BACKLOG - 1
+    """The first batch runs (held at the gate) and the rest of the 120 wait behind it."""
+    return first_batch(g) is not None
 
 
 def unary_after_the_client_left(g: Gated, stub) -> None:
-    """The backlog leaves the queue; a new request runs and is OK; nothing else ever ran."""
+    """The backlog leaves the queue; a new request runs and is OK; nothing but the first
+    batch and it ever ran."""
+    first = g.ran()
     assert wait_for(lambda: g.metric("trtserve_queue_depth", "gated") == 0, 30)
     result: list = []
     unary = threading.Thread(target=lambda: result.append(stub.ModelInfer(build_request("gated", row(UNARY_ID)), timeout=60)))
@@ -122,7 +134,7 @@ def unary_after_the_client_left(g: Gated, stub) -> None:
     g.gate.touch()
     unary.join(60)
     assert len(result) == 1  # OK (an error would have ended the thread without a result)
-    assert g.ran() == [1.0, UNARY_ID]  # the batch running when the client went away, then the new request
+    assert g.ran() == [*first, UNARY_ID]  # the batch running when the client went away, then the new request
 
 
 @pytest.mark.parametrize("half_closed", [False, True], ids=["open", "half-closed"])
@@ -136,7 +148,7 @@ def test_a_cancelled_stream_takes_its_queued_backlog_with_it(gated, half_closed)
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         call = stub.ModelStreamInfer(messages(BACKLOG, hold=keep_open), timeout=120)
         try:
-            assert wait_for(lambda: backlog_queued(g), 30)
+            assert wait_for(lambda: backlog_queued(g), 30), (g.ran(), g.metric("trtserve_queue_depth", "gated"), g.metric("trtserve_slots_busy", "gated"))
             call.cancel()
         finally:
             if keep_open is not None:
@@ -146,7 +158,7 @@ def test_a_cancelled_stream_takes_its_queued_backlog_with_it(gated, half_closed)
         assert err.value.code() == grpc.StatusCode.CANCELLED
         unary_after_the_client_left(g, stub)
         assert wait_for(lambda: g.metric("trtserve_slots_busy", "gated") == 0, 30)
-    assert g.ran() == [1.0, UNARY_ID]
+    assert g.ran()[-1] == UNARY_ID and len(g.ran()) <= 5
 
 
 CHILD = """
@@ -189,7 +201,7 @@ def test_a_killed_client_process_takes_its_queued_backlog_with_it(gated):
             child.wait()
     with grpc.insecure_channel(g.srv.url) as channel:
         unary_after_the_client_left(g, pb_grpc.GRPCInferenceServiceStub(channel))
-    assert g.ran() == [1.0, UNARY_ID]
+    assert g.ran()[-1] == UNARY_ID and len(g.ran()) <= 5
 
 
 def test_a_half_close_with_a_backlog_is_answered_in_full_then_ends_ok(gated):
@@ -201,7 +213,7 @@ def test_a_half_close_with_a_backlog_is_answered_in_full_then_ends_ok(gated):
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         call = stub.ModelStreamInfer(messages(40, done=written), timeout=120)
         assert written.wait(30)  # the client has half-closed
-        assert wait_for(lambda: g.ran() == [1.0] and g.metric("trtserve_queue_depth", "gated") == 39, 30)
+        assert wait_for(lambda: (ran := g.ran()) and g.metric("trtserve_queue_depth", "gated") == 40 - len(ran), 30)
         g.gate.touch()
         answers = list(call)
         assert call.code() == grpc.StatusCode.OK

@@ -34,6 +34,7 @@ from .. import __version__
 from .._proto.inference import grpc_service_pb2 as pb
 from .._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from ..clock import Clock
+from ..engine.wire import deadline_of
 from ..errors import ModelNotFound, ModelNotReady, QueueFull, ResponseTooLarge, ShuttingDown, TrtServeError
 from ..logs import REQUEST_LOGGER
 from ..metrics import UNKNOWN_MODEL
@@ -178,7 +179,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if admitted and task is not None:
             self.admission.track(task)
         try:
-            return await self._call(context, self.answer, request, context.time_remaining(), admitted)
+            return await self._call(context, self.answer, request, self.deadline_of(context), admitted)
         except asyncio.CancelledError:
             if not self.admission.expired:
                 raise
@@ -195,8 +196,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             async for message in stream:
                 yield message
 
-    async def answer(self, request: pb.ModelInferRequest, remaining: float | None, admitted: bool) -> pb.ModelInferResponse:
-        """Answer one request (unary, or one stream message) and record its outcome once.
+    def deadline_of(self, context: Any) -> float:
+        """The call's gRPC deadline as monotonic seconds (``math.inf`` for none), taken once
+        per call: every message of a stream shares it, so they queue in arrival order."""
+        return deadline_of(context.time_remaining(), self.clock.now())
+
+    async def answer(self, request: pb.ModelInferRequest, deadline: float, admitted: bool) -> pb.ModelInferResponse:
+        """Answer one request (unary, or one stream message) by ``deadline`` (the gRPC
+        deadline, monotonic seconds) and record its outcome once.
 
         Raises:
             TrtServeError: its status is the answer (ShuttingDown when not ``admitted``).
@@ -206,7 +213,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             if not admitted:
                 raise ShuttingDown(REFUSED)
-            response, late = await self._infer(request, remaining)
+            response, late = await self._infer(request, deadline)
             return response
         except TrtServeError as exc:
             code, error = status_for(exc).name, exc
@@ -231,17 +238,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     extra={"request_id": request.id, "model": name, "status": code, "duration_ms": round(seconds * 1e3, 3)},
                 )
 
-    async def _infer(self, request: pb.ModelInferRequest, remaining: float | None) -> tuple[pb.ModelInferResponse, bool]:
-        now = self.clock.now()
+    async def _infer(self, request: pb.ModelInferRequest, deadline: float) -> tuple[pb.ModelInferResponse, bool]:
         model = self._model(request.model_name, request.model_version)
         spec = model.spec
         inputs, _rows = codec.decode_inputs(request, spec, max_elements=self.max_request_elements)
         chosen = codec.requested_outputs(request, spec)
         priority, timeout = request_parameters(request)
-        outputs, deadline = await model.infer(
-            inputs, priority=priority, timeout=timeout, deadline=now + remaining if remaining is not None else float("inf")
-        )
-        late = self.clock.now() > deadline
+        outputs, resolved = await model.infer(inputs, priority=priority, timeout=timeout, deadline=deadline)
+        late = self.clock.now() > resolved
         response = codec.encode_response(spec, request.id, outputs, chosen)
         size = response.ByteSize()
         if size > self.max_send_bytes:

@@ -40,10 +40,12 @@ async def serve_stream(
     unanswered = 0
     reading = True
 
-    async def answer(request: pb.ModelInferRequest, remaining: float | None, admitted: bool) -> None:
+    deadline = service.deadline_of(context)
+
+    async def answer(request: pb.ModelInferRequest, admitted: bool) -> None:
         nonlocal unanswered
         try:
-            message = pb.ModelStreamInferResponse(infer_response=await service.answer(request, remaining, admitted))
+            message = pb.ModelStreamInferResponse(infer_response=await service.answer(request, deadline, admitted))
         except TrtServeError as exc:
             message = stream_error(request, exc)
         except asyncio.CancelledError:
@@ -65,7 +67,7 @@ async def serve_stream(
                 await slots.acquire()
                 unanswered += 1
                 admitted = admission.admit()
-                task = asyncio.ensure_future(answer(request, context.time_remaining(), admitted))
+                task = asyncio.ensure_future(answer(request, admitted))
                 if admitted:
                     admission.track(task)
                 pending.add(task)
