@@ -1,9 +1,11 @@
 """A real trtserve on 127.0.0.1 in a background thread with its own event loop, so tests can
 drive it with ordinary blocking clients from many threads and look at its dispatchers.
 
-The engine core and one front end run on that loop, talking over ZeroMQ (``ipc://`` in a
-private temporary directory) exactly as the processes of ``trtserve serve`` do; the process
-tree itself (several front ends, restarts, signals) is tested through ``trtserve serve``."""
+The engine core and two front ends run on that loop: two ``grpc.aio`` servers sharing one
+port (SO_REUSEPORT: the kernel hands each client connection to one of them), each with its
+own ZeroMQ connection to the engine core (``ipc://`` in a private temporary directory), as
+the processes of ``trtserve serve --frontends 2`` do. The process tree itself (restarts,
+signals, a dying engine core) is tested through ``trtserve serve``."""
 
 from __future__ import annotations
 
@@ -29,15 +31,18 @@ from trtserve.repository import Repository
 
 class ServerThread:
     """``with ServerThread(root) as srv:`` — ``srv.url``, ``srv.client()``, ``srv.repository``
-    and ``srv.core`` (the engine core), ``srv.service`` (the front end's inference service).
+    and ``srv.core`` (the engine core), ``srv.services`` (each front end's inference service;
+    ``srv.service`` the first).
 
     Args:
+        frontends: front ends sharing the port.
         metrics_port: the engine core's Prometheus endpoint (0: ephemeral; None: off).
-        server_kw: the front end's options (``start_frontend``).
+        server_kw: the front ends' options (``start_frontend``).
     """
 
-    def __init__(self, root: Path, metrics_port: int | None = None, **server_kw) -> None:
+    def __init__(self, root: Path, frontends: int = 2, metrics_port: int | None = None, **server_kw) -> None:
         self.root = Path(root)
+        self.frontends = frontends
         self._metrics_port = metrics_port
         self.server_kw = server_kw
         self.loop = asyncio.new_event_loop()
@@ -90,24 +95,37 @@ class ServerThread:
         self.core = EngineCore(self.repository, address, metrics_port=self._metrics_port)
         await self.core.start()
         await self.core.load()
-        self.engine = EngineClient(address)
-        await self.engine.connect()
-        self.server, self.service, self.port = await start_frontend(
-            self.engine, clock, self.pool, host="127.0.0.1", port=0, **self.server_kw
-        )
-        await self.service.loaded()
+        self.servers, self.services, self.engines = [], [], []
+        for index in range(self.frontends):
+            engine = EngineClient(address, index)
+            await engine.connect()
+            server, service, self.port = await start_frontend(
+                engine, clock, self.pool, host="127.0.0.1", port=self.port, reuse_port=True, **self.server_kw
+            )
+            await service.loaded()
+            self.servers.append(server)
+            self.services.append(service)
+            self.engines.append(engine)
+        self.server, self.service, self.engine = self.servers[0], self.services[0], self.engines[0]
 
     def metrics_at(self) -> int:
         """The engine core's metrics port, once every request answered so far is counted there
-        (the front end ships its records over ZeroMQ; a query goes behind them)."""
-        self.call(self.engine.query("server_ready"))
+        (the front ends ship their records over ZeroMQ; a query goes behind them)."""
+        for engine in self.engines:
+            self.call(engine.query("server_ready"))
         assert self.core.metrics is not None
         return self.core.metrics.port
 
+    @property
+    def admitted(self) -> int:
+        """Requests admitted and not yet released, over every front end."""
+        return sum(s.admission.active for s in self.services)
+
     async def _stop(self, grace: float) -> None:
-        await drain(self.server, self.service, grace)
+        await asyncio.gather(*(drain(server, service, grace) for server, service in zip(self.servers, self.services)))
         await self.core.aclose()
-        await self.engine.aclose()
+        for engine in self.engines:
+            await engine.aclose()
 
     def stop(self, grace: float = 5.0) -> None:
         if not self._thread.is_alive():

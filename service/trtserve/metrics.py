@@ -36,7 +36,8 @@ trtserve_slots_unhealthy                    gauge      model (running one batch 
 trtserve_predicted_batch_seconds            gauge      model, rows, length (the latency model)
 trtserve_arrival_rate_rows                  gauge      model (rows/s, the dispatcher's estimate)
 trtserve_batch_cap_rows                     gauge      model (max rows of the next batch)
-trtserve_inflight_requests                  gauge      (none)
+trtserve_inflight_requests                  gauge      (none; summed over the front ends)
+trtserve_frontend_requests_total            counter    frontend (its number; requests it sent the engine core)
 ==========================================  =========  ======================================
 """
 
@@ -151,12 +152,15 @@ class TrtServeCollector:
         requests: per-request outcomes from the gRPC layer.
         inflight: returns the requests being processed now.
         clock: for the busy ratio's window.
+        frontends: returns front-end number → requests it has sent to the engine core.
     """
 
-    def __init__(self, repository: Repository, requests: RequestStats, inflight: Callable[[], int], clock: Clock) -> None:
+    def __init__(self, repository: Repository, requests: RequestStats, inflight: Callable[[], int], clock: Clock,
+                 frontends: Callable[[], dict[int, int]] = dict) -> None:
         self.repository = repository
         self.requests = requests
         self.inflight = inflight
+        self.frontends = frontends
         self.clock = clock
         self._last_busy: dict[str, tuple[float, float]] = {}  # model → (time, busy seconds) at the last scrape
         self._lock = threading.Lock()  # two scrapes at once share _last_busy
@@ -166,6 +170,10 @@ class TrtServeCollector:
             yield from self._requests()
             yield from self._models()
         yield GaugeMetricFamily("trtserve_inflight_requests", "Requests being processed now (unary and stream messages).", value=self.inflight())
+        per_frontend = CounterMetricFamily("trtserve_frontend_requests", "Requests each front end sent to the engine core.", labels=["frontend"])
+        for index, count in sorted(self.frontends().items()):
+            per_frontend.add_metric([str(index)], count)
+        yield per_frontend
 
     def _requests(self) -> Iterator[Metric]:
         count = CounterMetricFamily("trtserve_requests", "Requests answered, by model and gRPC status code.", labels=["model", "code"])

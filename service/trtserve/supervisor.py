@@ -169,21 +169,19 @@ class Supervisor:
 
     def _serve(self) -> int:
         from .engine.process import engine_main
-        from .frontend.process import frontend_main
 
         config = self.config
         if config.port:
             check_port_free(config.host, config.port)
         self.engine = Child("engine core", engine_main, (config, self.address))
         _, metrics_port = self.engine.expect("bound")
-        self.frontends[0] = Child("front end 0", frontend_main, (config, self.address, config.port, 0))
-        (_, self.port) = self.frontends[0].expect("bound")
+        log.info("engine core started (pid %d)", self.engine.process.pid)
+        self._start_frontend(0, config.port)
         print(f"trtserve bound {config.host}:{self.port}, loading models", flush=True)
         if metrics_port is not None:
             print(f"trtserve metrics on http://{config.metrics_host}:{metrics_port}/metrics", flush=True)
         for index in range(1, config.frontends):
-            self.frontends[index] = Child(f"front end {index}", frontend_main, (config, self.address, self.port, index))
-            self.frontends[index].expect("bound")
+            self._start_frontend(index, self.port)
         waiting = set(self.frontends)
         while waiting and not self.stopping:
             self._step(ready_wanted=waiting)
@@ -193,6 +191,13 @@ class Supervisor:
         while not self.stopping:
             self._step()
         return self._stop()
+
+    def _start_frontend(self, index: int, port: int) -> None:
+        from .frontend.process import frontend_main
+
+        child = self.frontends[index] = Child(f"front end {index}", frontend_main, (self.config, self.address, port, index))
+        (_, self.port) = child.expect("bound")
+        log.info("front end %d started on port %d (pid %d)", index, self.port, child.process.pid)
 
     def _step(self, ready_wanted: set[int] | None = None) -> None:
         """Wait for one event: a child's report or exit, or a signal."""
@@ -233,10 +238,7 @@ class Supervisor:
             )
         log.warning("front end %d (pid %s) exited (%s): restarting it", index, child.process.pid,
                     describe_exit(child.process.exitcode))
-        from .frontend.process import frontend_main
-
-        self.frontends[index] = Child(f"front end {index}", frontend_main, (self.config, self.address, self.port, index))
-        self.frontends[index].expect("bound")
+        self._start_frontend(index, self.port)
 
     def _stop(self) -> int:
         """Drain: every front end, then the engine core."""

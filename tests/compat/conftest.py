@@ -20,5 +20,5 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def trtserve_url():
-    with ServerProcess(ROOT / "engines") as server:
+    with ServerProcess(ROOT / "engines", "--frontends", "2") as server:
         yield server.url

@@ -44,7 +44,7 @@ def test_chaos_then_normal_traffic_is_served_and_everything_returns_to_baseline(
     write_probe(tmp_path, "slow", max_batch_size=8, batch_ms=200, fast_warmup="true")
     srv = make_server(tmp_path)
     served = srv.repository.get("slow")
-    dispatcher, service, model = served.dispatcher, srv.service, probe(srv, "slow")
+    dispatcher, model = served.dispatcher, probe(srv, "slow")
 
     async def tasks():
         return len(asyncio.all_tasks())
@@ -104,7 +104,7 @@ def test_chaos_then_normal_traffic_is_served_and_everything_returns_to_baseline(
         stop.set()
         for f in futures:
             f.result()
-    assert wait_for(lambda: len(dispatcher.queue) == 0 and dispatcher.idle_slots == 1 and service.admission.active == 0, 15)
+    assert wait_for(lambda: len(dispatcher.queue) == 0 and dispatcher.idle_slots == 1 and srv.admitted == 0, 15)
 
     latencies, codes = [], Counter()
 
@@ -138,6 +138,6 @@ def test_chaos_then_normal_traffic_is_served_and_everything_returns_to_baseline(
     assert sum(1 for _, _, batch in model.log for rid in batch if rid in gone_at) < len(gone_at) / 2
     # Back to baseline.
     assert len(dispatcher.queue) == 0 and dispatcher.queue.queued_rows == 0
-    assert wait_for(lambda: not service.admission._tasks and service.admission.active == 0 and srv.core.inflight == 0, 5)
+    assert wait_for(lambda: srv.admitted == 0 and srv.core.inflight == 0, 5)
     assert wait_for(lambda: asyncio.run_coroutine_threadsafe(tasks(), srv.loop).result() <= baseline_tasks, 5)
     assert not [e for e in dispatcher._inflight if not e.done]

@@ -135,7 +135,7 @@ def test_a_cancelled_stream_takes_its_queued_rows_out_of_the_queue(make_server, 
           f"{len(ran)} of 40 rows ran (batches started before the cancel)")
     assert ran_after == []
     assert len(ran) <= 8  # the first batch and the one running when the cancel came
-    assert srv.service.admission.active == 0
+    assert srv.admitted == 0
 
 
 def test_a_server_killed_mid_stream_is_unavailable_and_answers_nothing_twice(tmp_path):

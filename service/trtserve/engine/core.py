@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -41,12 +42,14 @@ class FrontendPeer:
     Attributes:
         identity: its ZeroMQ routing id.
         pid: its process id (0 when unknown).
+        index: its front-end number (kept across a restart).
         active: requests in flight there, as it last reported (for ``trtserve_inflight_requests``).
         pending: request id → the dispatcher future answering it.
     """
 
     identity: bytes
     pid: int = 0
+    index: int = 0
     active: int = 0
     pending: dict[int, asyncio.Future[list[Segment]]] = field(default_factory=dict)
 
@@ -78,6 +81,7 @@ class EngineCore:
         self.clock = repository.clock
         self.requests = RequestStats(repository.clock)
         self.peers: dict[bytes, FrontendPeer] = {}
+        self.frontend_requests: Counter[int] = Counter()  # front-end number → infer messages
         self.loaded = False
         self.metrics: MetricsServer | None = None
         self._metrics_at = (metrics_host, metrics_port)
@@ -114,7 +118,9 @@ class EngineCore:
         sock.bind(self.address)
         host, port = self._metrics_at
         if port is not None:
-            self.metrics = MetricsServer(TrtServeCollector(self.repository, self.requests, lambda: self.inflight, self.clock), host, port)
+            collector = TrtServeCollector(self.repository, self.requests, lambda: self.inflight, self.clock,
+                                          frontends=lambda: dict(self.frontend_requests))
+            self.metrics = MetricsServer(collector, host, port)
         self._channel = Channel(sock, self._receive)
 
     async def load(self) -> None:
@@ -154,7 +160,8 @@ class EngineCore:
         elif kind == "query":
             self._query(peer, head[1], head[2], head[3])
         elif kind == "hello":
-            peer.pid = head[1]
+            peer.pid, peer.index = head[1], head[2]
+            self.frontend_requests[peer.index] += 0  # the key exists before a scrape copies the counter
             self._watch(peer)
             if self.loaded:
                 self._send_table(identity)
@@ -163,6 +170,7 @@ class EngineCore:
 
     def _infer(self, peer: FrontendPeer, rid: int, model: str, version: str, priority: int,
                timeout: float | None, deadline: float, layout: wire.Layout, *, frames: list[Any]) -> None:
+        self.frontend_requests[peer.index] += 1
         try:
             served = self.repository.get(model, version)
             future, resolved = served.submit(wire.unpack(layout, frames), priority=priority, timeout=timeout, deadline=deadline)

@@ -15,7 +15,7 @@ Header kinds (first item of the header tuple):
 kind               direction                  rest of the header, then frames
 =================  =========================  =============================================
 ``hello``          front end → core           pid (the core watches it: a dead front end's
-                                              requests leave the queue)
+                                              requests leave the queue), front-end index
 ``infer``          front end → core           id, model, version, priority, timeout (s or
                                               None), gRPC deadline (monotonic s or inf),
                                               layout; frames: the tensors

@@ -41,15 +41,17 @@ class ModelInfo:
 
 
 class EngineClient:
-    """Talks to the engine core at ``address``.
+    """Talks to the engine core at ``address`` as front end number ``index`` (a restarted
+    front end keeps its number; metrics count requests per number).
 
     Attributes:
         models: the model table the engine core sent (empty until :attr:`loaded` is set).
         loaded: set once the engine core has loaded its models and sent the table.
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, index: int = 0) -> None:
         self.address = address
+        self.index = index
         self.models: dict[str, ModelInfo] = {}
         self.loaded = asyncio.Event()
         self._channel: Channel | None = None
@@ -68,7 +70,7 @@ class EngineClient:
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
         self._channel = Channel(sock, self._receive)
-        self._send(wire.header("hello", os.getpid()))
+        self._send(wire.header("hello", os.getpid(), self.index))
 
     async def aclose(self) -> None:
         """Stop receiving; every call still waiting fails with ShuttingDown (UNAVAILABLE)."""

@@ -22,16 +22,16 @@ def frontend_main(config: ServeConfig, address: str, port: int, index: int, conn
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides what a Ctrl-C means
     logs.configure(config.log_level, config.log_format, config.log_requests)
-    asyncio.run(_frontend(config, address, port, conn))
+    asyncio.run(_frontend(config, address, port, index, conn))
 
 
-async def _frontend(config: ServeConfig, address: str, port: int, conn: Connection) -> None:
+async def _frontend(config: ServeConfig, address: str, port: int, index: int, conn: Connection) -> None:
     from ..clock import MonotonicClock
     from .engine_client import EngineClient
     from .lifecycle import drain
     from .server import start_frontend
 
-    engine = EngineClient(address)
+    engine = EngineClient(address, index)
     await engine.connect()
     pool = ThreadPoolExecutor(config.cpu_workers, thread_name_prefix="cpu")
     server, service, bound = await start_frontend(
