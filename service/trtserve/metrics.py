@@ -73,12 +73,15 @@ class ModelRequests:
         by_code: gRPC status name → durations (seconds, from decode to encoded response).
         finished_late: requests answered OK after their deadline had passed.
         queue_full: requests refused because the model's queue was full.
+        refused_on_deadline: requests a front end refused DEADLINE_EXCEEDED before they crossed
+            to the engine core (their deadline came before a batch of one could finish).
         last_success: clock time of the last successful answer (``None`` before one).
     """
 
     by_code: dict[str, Histogram] = field(default_factory=dict)
     finished_late: int = 0
     queue_full: int = 0
+    refused_on_deadline: int = 0
     last_success: float | None = None
 
     def totals(self) -> tuple[tuple[int, float], tuple[int, float]]:
@@ -121,6 +124,10 @@ class RequestStats:
             entry.last_success = self.clock.now()
         elif queue_full:
             entry.queue_full += 1
+
+    def refused_on_deadline(self, model: str, count: int = 1) -> None:
+        """Count requests of ``model`` that a front end refused on their deadline before they crossed."""
+        self._entry(model).refused_on_deadline += count
 
     def finished_late(self, model: str) -> None:
         """Count a request of ``model`` whose outputs were ready only after its deadline."""
@@ -187,17 +194,19 @@ class TrtServeCollector:
         )
         rejected = CounterMetricFamily("trtserve_rejected", "Requests refused before queueing, by reason.", labels=["model", "reason"])
         late: dict[str, int] = {}
+        early: dict[str, int] = {}
         for model, entry in sorted(list(self.requests.models.items())):
             for code, hist in sorted(list(entry.by_code.items())):
                 counts, total = hist.snapshot()
                 count.add_metric([model, code], sum(counts))
                 _histogram(duration, [model, code], counts, total, hist.bounds)
             late[model] = entry.finished_late
+            early[model] = entry.refused_on_deadline
             if model != UNKNOWN_MODEL:
                 rejected.add_metric([model, "queue_full"], entry.queue_full)
         for name, dispatcher in self._dispatchers():
             stats = dispatcher.stats
-            deadline.add_metric([name, "before_run"], stats.expired_before_run)
+            deadline.add_metric([name, "before_run"], stats.expired_before_run + early.get(name, 0))
             # finished_late: the dispatcher answered DEADLINE_EXCEEDED while the batch ran, or
             # the answer was ready (OK) only after the deadline.
             deadline.add_metric([name, "finished_late"], stats.finished_late + late.get(name, 0))

@@ -244,3 +244,24 @@ def _refused(channel: grpc.Channel) -> bool:
     except grpc.RpcError as exc:
         return exc.code() == grpc.StatusCode.UNAVAILABLE
     return False
+
+
+def test_a_request_that_cannot_finish_in_time_is_refused_before_it_crosses(make_server, tmp_path):
+    """With every answer the engine core sends the least run time of a batch of one; a front
+    end refuses DEADLINE_EXCEEDED, without sending it, a request whose deadline comes sooner
+    (counted as expired before running, like the engine core's own refusals)."""
+    from reliability.harness import row, write_probe
+
+    write_probe(tmp_path, "slow", batch_ms=300)  # every batch takes 300 ms, the warm-up too
+    srv = make_server(tmp_path, frontends=1, metrics_port=0)
+    with srv.client() as c:
+        c.infer("slow", row(1.0), timeout=30)  # the hint comes back with the answer
+        crossed = srv.core.frontend_requests[0]
+        with pytest.raises(grpc.RpcError) as err:
+            c.infer("slow", row(2.0), timeout=0.05)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "takes at least" in err.value.details()
+        assert srv.core.frontend_requests[0] == crossed  # it never reached the engine core
+        c.infer("slow", row(3.0), timeout=30)  # one that can finish still runs
+    m = scrape(srv.metrics_at())
+    assert m[("trtserve_deadline_exceeded_total", (("model", "slow"), ("when", "before_run")))] == 1

@@ -31,6 +31,7 @@ from ..metrics import MetricsServer, RequestStats, TrtServeCollector
 from ..repository import ModelState, Repository
 from . import control, statistics, wire
 from .channel import Channel
+from .model import EngineModel
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class EngineCore:
             if future is not None:
                 future.cancel()
         elif kind == "records":
-            self._records(peer, head[1], head[2])
+            self._records(peer, head[1], head[2], head[3])
         elif kind == "query":
             self._query(peer, head[1], head[2], head[3])
         elif kind == "hello":
@@ -178,9 +179,10 @@ class EngineCore:
             self._send(peer.identity, wire.header("error", rid, type(exc).__name__, str(exc)))
             return
         peer.pending[rid] = future
-        future.add_done_callback(partial(self._answer, peer, rid, resolved))
+        future.add_done_callback(partial(self._answer, peer, rid, resolved, served))
 
-    def _answer(self, peer: FrontendPeer, rid: int, deadline: float, future: asyncio.Future[list[Segment]]) -> None:
+    def _answer(self, peer: FrontendPeer, rid: int, deadline: float, served: EngineModel,
+                future: asyncio.Future[list[Segment]]) -> None:
         peer.pending.pop(rid, None)
         if future.cancelled():
             return  # the caller went away; nobody reads an answer
@@ -190,14 +192,20 @@ class EngineCore:
             self._send(peer.identity, wire.header("error", rid, name, str(exc)))
             return
         layout, frames = wire.pack(future.result())
-        self._send(peer.identity, wire.header("result", rid, deadline, layout), *frames)
+        # With the answer, the least a batch of one can take: the front end refuses what
+        # cannot finish in time before it crosses.
+        hint = served.dispatcher.latency.lower_bound(1, 1)
+        self._send(peer.identity, wire.header("result", rid, deadline, layout, served.spec.name, hint), *frames)
 
-    def _records(self, peer: FrontendPeer, active: int, records: list[tuple[str, str, float, bool, bool]]) -> None:
+    def _records(self, peer: FrontendPeer, active: int, records: list[tuple[str, str, float, bool, bool]],
+                 refused: dict[str, int]) -> None:
         peer.active = active
         for model, code, seconds, queue_full, late in records:
             self.requests.record(model, code, seconds, queue_full=queue_full)
             if late:
                 self.requests.finished_late(model)
+        for model, count in refused.items():
+            self.requests.refused_on_deadline(model, count)
 
     def _query(self, peer: FrontendPeer, rid: int, what: str, arg: Any) -> None:
         try:

@@ -26,7 +26,8 @@ kind               direction                  rest of the header, then frames
 ``query``          front end → core           id, what, argument (see ``EngineCore``)
 ``table``          core → front end           loaded?, the models: (name, state, reason,
                                               spec and its serialized config, or None)
-``result``         core → front end           id, deadline, layout; frames: the outputs
+``result``         core → front end           id, deadline, layout, model, least run time
+                                              of a batch of one (s); frames: the outputs
 ``error``          core → front end           id, error class name, message
 ``reply``          core → front end           id, ok?, value (or error class name, message)
 =================  =========================  =============================================

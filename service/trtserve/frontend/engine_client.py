@@ -15,13 +15,15 @@ import itertools
 import logging
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 from ..batching.queue import Segment
-from ..errors import ModelNotFound, ModelNotReady, ShuttingDown
+from ..clock import Clock, MonotonicClock
+from ..errors import ModelNotFound, ModelNotReady, RequestTimeout, ShuttingDown
 from ..engine import wire
 from ..engine.channel import Channel
 from ..spec import ModelSpec
@@ -42,22 +44,26 @@ class ModelInfo:
 
 class EngineClient:
     """Talks to the engine core at ``address`` as front end number ``index`` (a restarted
-    front end keeps its number; metrics count requests per number).
+    front end keeps its number; metrics count requests per number); ``clock`` is the
+    monotonic clock deadlines are measured on.
 
     Attributes:
         models: the model table the engine core sent (empty until :attr:`loaded` is set).
         loaded: set once the engine core has loaded its models and sent the table.
     """
 
-    def __init__(self, address: str, index: int = 0) -> None:
+    def __init__(self, address: str, index: int = 0, clock: Clock | None = None) -> None:
         self.address = address
         self.index = index
+        self.clock = clock or MonotonicClock()
         self.models: dict[str, ModelInfo] = {}
         self.loaded = asyncio.Event()
         self._channel: Channel | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._records: list[tuple[str, str, float, bool, bool]] = []
+        self._refused: Counter[str] = Counter()  # model → refused here, on the deadline, since the last flush
+        self._min_run: dict[str, float] = {}  # model → least run time of a batch of one (the core's hint)
         self._active = 0
         self._sent_active = 0
         self._flush_scheduled = False
@@ -114,9 +120,22 @@ class EngineClient:
             engine core resolved, monotonic seconds).
 
         Raises:
+            RequestTimeout (DEADLINE_EXCEEDED): refused here, without crossing, when the
+                earliest the deadline can be (gRPC deadline, ``timeout``) comes before even a
+                batch of one could finish: the engine core's lower bound of its run time
+                comes back with every result.
             InvalidRequest, QueueFull, RequestTimeout, ShuttingDown, BackendError, ModelNotReady,
             ModelNotFound: as the engine core answered.
         """
+        now = self.clock.now()
+        latest = min(deadline, now + timeout) if timeout is not None else deadline
+        if latest < now + self._min_run.get(model, 0.0):
+            self._refused[model] += 1
+            self._schedule_flush()
+            raise RequestTimeout(
+                f"the request's deadline is {max(latest - now, 0.0) * 1e3:.3f} ms away; a batch of one of model "
+                f"'{model}' takes at least {self._min_run[model] * 1e3:.3f} ms"
+            )
         rid = next(self._ids)
         layout, frames = wire.pack(segments)
         future: asyncio.Future[tuple[list[Segment], float]] = asyncio.get_running_loop().create_future()
@@ -168,10 +187,11 @@ class EngineClient:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if (self._records or self._active != self._sent_active) and self._channel is not None:
+        if (self._records or self._refused or self._active != self._sent_active) and self._channel is not None:
             records, self._records = self._records, []
+            refused, self._refused = dict(self._refused), Counter()
             self._sent_active = self._active
-            self._send(wire.header("records", self._active, records))
+            self._send(wire.header("records", self._active, records, refused))
 
     def _send(self, *frames: Any) -> None:
         assert self._channel is not None
@@ -194,7 +214,8 @@ class EngineClient:
         if future is None or future.done():
             return  # cancelled meanwhile
         if kind == "result":
-            _, _, deadline, layout = head
+            _, _, deadline, layout, model, min_run = head
+            self._min_run[model] = min_run
             future.set_result((wire.unpack(layout, frames), deadline))
         elif kind == "error":
             future.set_exception(wire.error_of(head[2], head[3]))
