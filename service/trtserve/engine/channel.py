@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 # Messages handled per drain before the loop gets a turn (so one busy peer cannot starve timers).
 DRAIN_BATCH = 256
+# As plain ints: pyzmq's enum members make every `&` and keyword a Python-level enum operation.
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
 class Channel:
@@ -52,8 +54,8 @@ class Channel:
         threshold go without a copy). Never blocks."""
         if self._closed:
             return
-        self.socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        if self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        self.socket.send_multipart(frames, flags=_NOBLOCK, copy=False)
+        if self.socket.getsockopt(_EVENTS) & _POLLIN:
             self._schedule()
 
     def close(self) -> None:
@@ -75,7 +77,7 @@ class Channel:
             return
         for _ in range(DRAIN_BATCH):
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = self.socket.recv_multipart(_NOBLOCK, copy=False)
             except zmq.Again:
                 return
             try:
