@@ -131,8 +131,14 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT, then drain (a second signal exits at once): the process
     tree of :mod:`trtserve.supervisor`."""
+    from .repository import ConfigError, check_repository
     from .supervisor import ServeConfig, default_frontends, serve
 
+    try:
+        check_repository(args.model_repository)
+    except ConfigError as exc:
+        print(f"trtserve serve: {exc}", file=sys.stderr)
+        return 2
     try:
         frontends = default_frontends() if args.frontends == "auto" else int(args.frontends)
         if frontends < 1:

@@ -24,6 +24,7 @@ from .config import BatchingPolicy, QueuePolicy, TimeoutAction
 from .clock import Clock
 from .errors import ModelNotFound, ModelNotReady
 from .engine.model import EngineModel
+from .handlers import HANDLER_FILE
 from .protocol.datatypes import BY_CONFIG_NAME
 from .spec import ModelSpec, TensorSpec
 
@@ -43,6 +44,48 @@ PLATFORMS = {
 
 class ConfigError(ValueError):
     """A model's config.pbtxt or files are invalid; the message says what and where."""
+
+
+# Every config.pbtxt field trtserve acts on (dotted paths; a message field listed here is
+# honoured with every field inside it). Any other field that is set makes the model
+# unavailable with a sentence naming it, instead of being accepted and ignored.
+HONOURED_FIELDS = frozenset({
+    "name", "platform", "backend", "max_batch_size", "parameters",
+    "input.name", "input.data_type", "input.dims", "input.optional",
+    "output.name", "output.data_type", "output.dims",
+    "instance_group.name", "instance_group.count", "instance_group.kind",
+    "dynamic_batching.preferred_batch_size", "dynamic_batching.max_queue_delay_microseconds",
+    "dynamic_batching.priority_levels", "dynamic_batching.default_priority_level",
+    "dynamic_batching.default_queue_policy", "dynamic_batching.priority_queue_policy",
+    "version_policy.latest.num_versions",
+})
+# Messages whose presence alone means something (``dynamic_batching { }``, ``latest { }``).
+HONOURED_CONTAINERS = frozenset({"input", "output", "instance_group", "dynamic_batching", "version_policy", "version_policy.latest"})
+# The ``parameters`` keys trtserve itself reads (repository, dispatcher, runtimes, warm-up).
+# Any other key is for the model's own code: a handler or a Python model reads it from
+# ``spec.parameters``; a model with neither would ignore it, so it is refused.
+SERVER_PARAMETERS = frozenset({
+    "batching", "adaptive_batch_size", "latency_budget_us", "priority_aging_us", "length_bucketing",
+    "pad_value", "split_oversized_requests", "warmup_length",
+    "ort_cpu_mem_arena", "ort_mem_pattern", "ort_intra_op_spinning", "isolation",
+})
+
+
+def unsupported_fields(message: object, prefix: str = "") -> list[str]:
+    """The fields set in a ``ModelConfig`` (or one of its parts) that trtserve does not act
+    on, as dotted paths (``optimization``, ``input.reshape``, ``version_policy.all``)."""
+    out: list[str] = []
+    for field, value in message.ListFields():  # type: ignore[attr-defined]
+        path = f"{prefix}{field.name}"
+        if path in HONOURED_FIELDS:
+            continue
+        if path in HONOURED_CONTAINERS:
+            items = [value] if hasattr(value, "ListFields") else value  # one message, or repeated
+            for item in items:
+                out += [p for p in unsupported_fields(item, path + ".") if p not in out]
+        elif path not in out:
+            out.append(path)
+    return out
 
 
 def load_spec(model_dir: Path) -> ModelSpec:
@@ -68,6 +111,14 @@ def load_spec(model_dir: Path) -> ModelSpec:
     if name != model_dir.name:
         raise ConfigError(f"{path}: name '{config.name}' differs from its directory '{model_dir.name}'")
     config.name = name
+    unsupported = unsupported_fields(config)
+    if config.version_policy.latest.num_versions > 1:
+        unsupported.append("version_policy.latest.num_versions > 1")
+    if unsupported:
+        raise ConfigError(
+            f"{path}: trtserve does not support {', '.join(unsupported)}; remove "
+            f"{'it' if len(unsupported) == 1 else 'them'} (a field it cannot honour is refused, not ignored)"
+        )
     versions = sorted((int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()))
     if not versions:
         raise ConfigError(f"{model_dir}: no version directory (e.g. {model_dir}/1/)")
@@ -81,6 +132,12 @@ def load_spec(model_dir: Path) -> ModelSpec:
     if not inputs or not outputs:
         raise ConfigError(f"{path}: a model needs at least one input and one output")
     parameters = {k: v.string_value for k, v in config.parameters.items()}
+    foreign = sorted(set(parameters) - SERVER_PARAMETERS)
+    if foreign and platform != "python" and not (model_dir / HANDLER_FILE).is_file():
+        raise ConfigError(
+            f"{path}: parameters {foreign} are not ones trtserve reads ({', '.join(sorted(SERVER_PARAMETERS))}), "
+            f"and the model has no handler.py or Python model to read them"
+        )
     try:
         policy = _policy(config, parameters)
     except ValueError as exc:
@@ -187,6 +244,33 @@ def _policy(config: mc.ModelConfig, parameters: dict[str, str]) -> BatchingPolic
     )
 
 
+def model_dirs(root: Path) -> list[str]:
+    """Names of the directories under ``root`` that are models: those holding a
+    ``config.pbtxt`` or a version directory (``1/``). One without a config is still listed, so
+    that it is reported UNAVAILABLE with the reason instead of being skipped without a word."""
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.name for p in root.iterdir()
+        if p.is_dir() and ((p / CONFIG_FILE).is_file() or any(v.is_dir() and v.name.isdigit() for v in p.iterdir()))
+    )
+
+
+def check_repository(root: Path) -> None:
+    """Refuse to serve a repository path that does not exist or holds no model.
+
+    Raises:
+        ConfigError: one sentence saying which (the server exits non-zero with it).
+    """
+    if not root.is_dir():
+        raise ConfigError(f"the model repository {root} is not a directory (from {Path.cwd()})")
+    if not model_dirs(root):
+        raise ConfigError(
+            f"the model repository {root} holds no model: a model is a directory with a config.pbtxt "
+            f"and a version directory (<model>/config.pbtxt, <model>/1/model.onnx)"
+        )
+
+
 class ModelState(enum.Enum):
     """Where a model is in its life: the strings Triton's RepositoryIndex uses."""
 
@@ -227,10 +311,8 @@ class Repository:
         self._warmup = asyncio.Lock()
 
     def discover(self) -> list[str]:
-        """Names of the model directories (those holding a config.pbtxt), sorted."""
-        if not self.root.is_dir():
-            return []
-        return sorted(p.name for p in self.root.iterdir() if (p / CONFIG_FILE).is_file())
+        """Names of the model directories (see :func:`model_dirs`), sorted."""
+        return model_dirs(self.root)
 
     async def load_all(self) -> None:
         """Load every model found; failures are recorded, never raised."""

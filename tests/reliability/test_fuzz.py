@@ -9,7 +9,8 @@ requested outputs (unknown names, classification), and parameters of every type 
 keys the server reads (``timeout``, ``priority``), reserved ``triton_`` keys and others.
 
 Properties: every answer is OK or a documented status (INVALID_ARGUMENT, NOT_FOUND,
-RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED), never UNKNOWN or INTERNAL; an OK answer has one output
+RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, UNIMPLEMENTED for a Triton feature trtserve does not
+implement, such as classification), never UNKNOWN or INTERNAL; an OK answer has one output
 per requested output, with the right datatype and a byte length that matches its shape; on a
 stream, every message is answered exactly once, under its own id, and the stream ends OK; after
 every example the server is live and a well-formed request returns exact values.
@@ -40,7 +41,7 @@ from trtserve.protocol.datatypes import DATATYPES
 
 EXAMPLES = int(os.environ.get("TRTSERVE_FUZZ_EXAMPLES", "150"))
 ENGINES = Path(__file__).resolve().parents[2] / "engines"
-ALLOWED = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}
+ALLOWED = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "UNIMPLEMENTED"}
 
 # model -> (input name, datatype, dims without batch, batched)
 MODELS = {

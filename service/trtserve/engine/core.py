@@ -29,6 +29,7 @@ from ..batching.queue import Segment
 from ..errors import TrtServeError
 from ..metrics import MetricsServer, RequestStats, TrtServeCollector
 from ..repository import ModelState, Repository
+from ..spec import ModelSpec
 from . import control, statistics, wire
 from .channel import Channel
 from .model import EngineModel
@@ -60,7 +61,9 @@ class EngineCore:
 
     Args:
         repository: the models (loaded by :meth:`load`).
-        address: the ZeroMQ endpoint to bind (``ipc:///run/dir/engine.sock``).
+        address: the ZeroMQ endpoint to bind (``ipc:///run/dir/engine.sock``); ``None`` for
+            none: a front end in this process uses it directly
+            (:class:`~trtserve.engine.local.LocalEngine`, ``trtserve serve --frontends 1``).
         metrics_host, metrics_port: serve Prometheus metrics there (port 0: ephemeral);
             ``metrics_port=None``: no endpoint.
 
@@ -72,7 +75,7 @@ class EngineCore:
     def __init__(
         self,
         repository: Repository,
-        address: str,
+        address: str | None,
         *,
         metrics_host: str = "127.0.0.1",
         metrics_port: int | None = None,
@@ -83,6 +86,7 @@ class EngineCore:
         self.requests = RequestStats(repository.clock)
         self.peers: dict[bytes, FrontendPeer] = {}
         self.frontend_requests: Counter[int] = Counter()  # front-end number → infer messages
+        self.local_active = 0  # requests in flight at a front end in this process
         self.loaded = False
         self.metrics: MetricsServer | None = None
         self._metrics_at = (metrics_host, metrics_port)
@@ -101,7 +105,7 @@ class EngineCore:
     @property
     def inflight(self) -> int:
         """Requests in flight over every front end (as each last reported)."""
-        return sum(p.active for p in list(self.peers.values()))
+        return self.local_active + sum(p.active for p in list(self.peers.values()))
 
     async def start(self) -> None:
         """Bind the socket and start answering (models may still be loading).
@@ -110,6 +114,13 @@ class EngineCore:
             zmq.ZMQError: the address cannot be bound.
             OSError: the metrics address cannot be bound.
         """
+        host, port = self._metrics_at
+        if port is not None:
+            collector = TrtServeCollector(self.repository, self.requests, lambda: self.inflight, self.clock,
+                                          frontends=lambda: dict(self.frontend_requests))
+            self.metrics = MetricsServer(collector, host, port)
+        if self.address is None:
+            return
         sock = zmq.Context.instance().socket(zmq.ROUTER)
         # No high-water mark: a ROUTER drops messages past it. What is in flight is bounded
         # by the front ends' admission instead.
@@ -117,11 +128,6 @@ class EngineCore:
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(self.address)
-        host, port = self._metrics_at
-        if port is not None:
-            collector = TrtServeCollector(self.repository, self.requests, lambda: self.inflight, self.clock,
-                                          frontends=lambda: dict(self.frontend_requests))
-            self.metrics = MetricsServer(collector, host, port)
         self._channel = Channel(sock, self._receive)
 
     async def load(self) -> None:
@@ -157,7 +163,8 @@ class EngineCore:
             if future is not None:
                 future.cancel()
         elif kind == "records":
-            self._records(peer, head[1], head[2], head[3])
+            peer.active = head[1]
+            self.record(head[2], head[3])
         elif kind == "query":
             self._query(peer, head[1], head[2], head[3])
         elif kind == "hello":
@@ -197,9 +204,9 @@ class EngineCore:
         hint = served.dispatcher.latency.lower_bound(1, 1)
         self._send(peer.identity, wire.header("result", rid, deadline, layout, served.spec.name, hint), *frames)
 
-    def _records(self, peer: FrontendPeer, active: int, records: list[tuple[str, str, float, bool, bool]],
-                 refused: dict[str, int]) -> None:
-        peer.active = active
+    def record(self, records: list[tuple[str, str, float, bool, bool]], refused: dict[str, int]) -> None:
+        """Count requests a front end answered: (model, status name, seconds, queue full?,
+        finished late?) each, and model → requests it refused on the deadline without sending."""
         for model, code, seconds, queue_full, late in records:
             self.requests.record(model, code, seconds, queue_full=queue_full)
             if late:
@@ -207,19 +214,32 @@ class EngineCore:
         for model, count in refused.items():
             self.requests.refused_on_deadline(model, count)
 
+    def query(self, what: str, arg: Any) -> Any:
+        """Answer a front end's question: ``server_ready``, ``model_ready`` ((name, version)),
+        ``statistics`` ((name, version): a serialized ModelStatisticsResponse), ``index``
+        (ready only?: a serialized RepositoryIndexResponse), ``get_policy`` / ``set_policy``
+        (serialized trtserve.v1 messages).
+
+        Raises:
+            TrtServeError: ModelNotFound, ModelNotReady, InvalidRequest, as the RPC answers.
+        """
+        return self._queries[what](arg)
+
+    def table(self) -> list[tuple[str, str, str, ModelSpec | None]]:
+        """(name, state, reason, spec when READY) of every model of the repository."""
+        return [(name, e.state.value, e.reason, e.spec if e.state is ModelState.READY else None)
+                for name, e in sorted(self.repository.models.items())]
+
     def _query(self, peer: FrontendPeer, rid: int, what: str, arg: Any) -> None:
         try:
-            value = self._queries[what](arg)
+            value = self.query(what, arg)
         except TrtServeError as exc:
             self._send(peer.identity, wire.header("reply", rid, False, (type(exc).__name__, str(exc))))
             return
         self._send(peer.identity, wire.header("reply", rid, True, value))
 
     def _send_table(self, identity: bytes) -> None:
-        table = [
-            (name, e.state.value, e.reason, wire.spec_out(e.spec) if e.state is ModelState.READY and e.spec else None)
-            for name, e in sorted(self.repository.models.items())
-        ]
+        table = [(name, state, reason, wire.spec_out(spec) if spec else None) for name, state, reason, spec in self.table()]
         self._send(identity, wire.header("table", self.loaded, table))
 
     def _send(self, identity: bytes, *frames: Any) -> None:

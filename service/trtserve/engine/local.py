@@ -1,10 +1,11 @@
-"""The engine core's request interface, in process: for tools that run a model without a
-server (``trtserve check``, the Ray bulk actors) and for tests of a runtime.
+"""The engine core's interface in process: no ZeroMQ between the front end and the dispatchers.
 
-:class:`LocalEngine` has the ``infer`` of :class:`~trtserve.frontend.engine_client.EngineClient`
-but calls the repository's dispatcher directly, so a
-:class:`~trtserve.frontend.pipeline.FrontendModel` over it runs exactly the handler and
-batching path that ``trtserve serve`` runs, without the IPC.
+:class:`LocalEngine` offers what :class:`~trtserve.frontend.engine_client.EngineClient` offers
+— ``infer``, the model table, ``query``, ``record``, ``set_active`` — by calling an
+:class:`~trtserve.engine.core.EngineCore` of this process directly. ``trtserve serve
+--frontends 1`` runs this way (measured faster for one caller than the two processes of
+``--frontends 2`` on 2 cores: README, "Process model"), and so do the tools that run a model
+without a server (``trtserve check``, the Ray bulk actors), with only ``infer``.
 """
 
 from __future__ import annotations
@@ -12,29 +13,65 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any
 
 from ..batching.queue import Segment
+from ..frontend.engine_client import EngineView, ModelInfo
 from ..frontend.pipeline import FrontendModel
 from ..repository import Repository
 from .model import EngineModel
 
+if TYPE_CHECKING:
+    from .core import EngineCore
 
-class LocalEngine:
+
+class LocalEngine(EngineView):
     """Requests straight into the dispatchers of the models that ``get(name, version)``
-    returns (``Repository.get``), on the running event loop."""
+    returns (``Repository.get``), on the running event loop; with ``core``, the rest of the
+    front end's interface too (see :meth:`of`)."""
 
-    def __init__(self, get: Callable[[str, str], EngineModel]) -> None:
+    def __init__(self, get: Callable[[str, str], EngineModel], core: EngineCore | None = None) -> None:
+        super().__init__()
         self.get = get
+        self.core = core
+
+    @classmethod
+    def of(cls, core: EngineCore) -> LocalEngine:
+        """The whole interface over ``core`` (its table once :meth:`refresh` ran)."""
+        return cls(core.repository.get, core)
+
+    def refresh(self) -> None:
+        """Take the model table from the engine core (after it loaded)."""
+        assert self.core is not None
+        self.models = {name: ModelInfo(name, state, reason, spec) for name, state, reason, spec in self.core.table()}
+        if self.core.loaded:
+            self.loaded.set()
 
     async def infer(
         self, model: str, version: str, segments: list[Segment], *, priority: int = 0,
         timeout: float | None = None, deadline: float = math.inf,
     ) -> tuple[list[Segment], float]:
         """See :meth:`EngineClient.infer <trtserve.frontend.engine_client.EngineClient.infer>`."""
-        future, resolved = self.get(model, version).submit(
-            segments, priority=priority, timeout=timeout, deadline=deadline
-        )
+        future, resolved = self.get(model, version).submit(segments, priority=priority, timeout=timeout, deadline=deadline)
         return await future, resolved
+
+    async def query(self, what: str, arg: Any = None) -> Any:
+        """See :meth:`EngineCore.query <trtserve.engine.core.EngineCore.query>`."""
+        assert self.core is not None
+        return self.core.query(what, arg)
+
+    def record(self, model: str, code: str, seconds: float, *, queue_full: bool, late: bool) -> None:
+        """See :meth:`EngineClient.record <trtserve.frontend.engine_client.EngineClient.record>`."""
+        assert self.core is not None
+        self.core.record([(model, code, seconds, queue_full, late)], {})
+
+    def set_active(self, active: int) -> None:
+        """Requests in flight at this front end now."""
+        assert self.core is not None
+        self.core.local_active = active
+
+    async def aclose(self) -> None:
+        """Nothing to close: the engine core is this process's."""
 
 
 def local_model(repository: Repository, name: str, pool: Executor) -> FrontendModel:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..supervisor import ServeConfig
+    from .core import EngineCore
 
 log = logging.getLogger("trtserve")
 
@@ -34,7 +35,8 @@ def engine_main(config: ServeConfig, address: str, conn: Connection) -> None:
     asyncio.run(_engine(config, address, conn))
 
 
-async def _engine(config: ServeConfig, address: str, conn: Connection) -> None:
+def make_core(config: ServeConfig, address: str | None) -> EngineCore:
+    """The engine core of ``config``: its repository (not loaded yet) and metrics settings."""
     from .. import runtimes
     from ..clock import MonotonicClock
     from ..repository import Repository
@@ -42,7 +44,17 @@ async def _engine(config: ServeConfig, address: str, conn: Connection) -> None:
 
     options = runtimes.RuntimeOptions(intra_op_threads=config.intra_op_threads)
     repository = Repository(config.repository, clock=MonotonicClock(), backend_factory=partial(runtimes.create, options=options))
-    core = EngineCore(repository, address, metrics_host=config.metrics_host, metrics_port=config.metrics_port)
+    return EngineCore(repository, address, metrics_host=config.metrics_host, metrics_port=config.metrics_port)
+
+
+def log_models(core: EngineCore) -> None:
+    """One line per model: its state and reason."""
+    for name, state, reason, _spec in core.table():
+        log.info("model %-16s %s %s", name, state, reason)
+
+
+async def _engine(config: ServeConfig, address: str, conn: Connection) -> None:
+    core = make_core(config, address)
     await core.start()
     conn.send(("bound", core.metrics.port if core.metrics is not None else None))
     stop = asyncio.Event()
@@ -52,8 +64,7 @@ async def _engine(config: ServeConfig, address: str, conn: Connection) -> None:
     await asyncio.wait((load, stopped), return_when=asyncio.FIRST_COMPLETED)
     if load.done():
         load.result()
-        for name, entry in sorted(repository.models.items()):
-            log.info("model %-16s %s %s", name, entry.state.value, entry.reason)
+        log_models(core)
     await stopped
     if not load.done():
         load.cancel()

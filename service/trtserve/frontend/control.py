@@ -8,7 +8,7 @@ from typing import Any
 
 from .._proto.trtserve.v1 import control_pb2 as pb
 from .._proto.trtserve.v1 import control_pb2_grpc as pb_grpc
-from .engine_client import EngineClient
+from .engine_client import Engine
 
 
 class ModelControlService(pb_grpc.ModelControlServicer):
@@ -19,7 +19,7 @@ class ModelControlService(pb_grpc.ModelControlServicer):
         call: the inference service's error-mapping helper (``InferenceService._call``).
     """
 
-    def __init__(self, engine: EngineClient, call: Any) -> None:
+    def __init__(self, engine: Engine, call: Any) -> None:
         self.engine = engine
         self._call = call
 

@@ -17,7 +17,7 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -42,22 +42,67 @@ class ModelInfo:
     spec: ModelSpec | None
 
 
-class EngineClient:
+class Engine(Protocol):
+    """The engine core as a front end sees it: :class:`EngineClient` over ZeroMQ, or
+    :class:`~trtserve.engine.local.LocalEngine` in the same process."""
+
+    models: dict[str, ModelInfo]
+    loaded: asyncio.Event
+
+    def model(self, name: str) -> ModelInfo: ...
+
+    async def infer(self, model: str, version: str, segments: list[Segment], *, priority: int = 0,
+                    timeout: float | None = None, deadline: float = math.inf) -> tuple[list[Segment], float]: ...
+
+    async def query(self, what: str, arg: Any = None) -> Any: ...
+
+    def record(self, model: str, code: str, seconds: float, *, queue_full: bool, late: bool) -> None: ...
+
+    def set_active(self, active: int) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class EngineView:
+    """What a front end knows of the engine core's models (both kinds of connection).
+
+    Attributes:
+        models: the model table (empty until :attr:`loaded` is set).
+        loaded: set once the engine core has loaded its models and the table is here.
+    """
+
+    def __init__(self) -> None:
+        self.models: dict[str, ModelInfo] = {}
+        self.loaded = asyncio.Event()
+
+    def model(self, name: str) -> ModelInfo:
+        """The table entry of ``name``.
+
+        Raises:
+            ModelNotReady (UNAVAILABLE): the engine core has not sent its table yet.
+            ModelNotFound (NOT_FOUND): no such model.
+        """
+        if not self.loaded.is_set():
+            raise ModelNotReady("the server is still loading its models")
+        info = self.models.get(name)
+        if info is None:
+            raise ModelNotFound(f"unknown model '{name}'")
+        return info
+
+
+class EngineClient(EngineView):
     """Talks to the engine core at ``address`` as front end number ``index`` (a restarted
     front end keeps its number; metrics count requests per number); ``clock`` is the
     monotonic clock deadlines are measured on.
 
-    Attributes:
-        models: the model table the engine core sent (empty until :attr:`loaded` is set).
-        loaded: set once the engine core has loaded its models and sent the table.
+    The model table is the one the engine core sent.
     """
 
     def __init__(self, address: str, index: int = 0, clock: Clock | None = None) -> None:
+        super().__init__()
         self.address = address
         self.index = index
         self.clock = clock or MonotonicClock()
-        self.models: dict[str, ModelInfo] = {}
-        self.loaded = asyncio.Event()
         self._channel: Channel | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -87,20 +132,6 @@ class EngineClient:
         self._pending.clear()
         if self._channel is not None:
             self._channel.close()
-
-    def model(self, name: str) -> ModelInfo:
-        """The table entry of ``name``.
-
-        Raises:
-            ModelNotReady (UNAVAILABLE): the engine core has not sent its table yet.
-            ModelNotFound (NOT_FOUND): no such model.
-        """
-        if not self.loaded.is_set():
-            raise ModelNotReady("the server is still loading its models")
-        info = self.models.get(name)
-        if info is None:
-            raise ModelNotFound(f"unknown model '{name}'")
-        return info
 
     async def infer(
         self, model: str, version: str, segments: list[Segment], *, priority: int = 0,

@@ -22,7 +22,7 @@ from ..runtimes.base import Tensors
 from ..spec import ModelSpec
 
 if TYPE_CHECKING:
-    from .engine_client import EngineClient
+    from .engine_client import Engine
 
 T = TypeVar("T")
 
@@ -41,7 +41,7 @@ class FrontendModel:
             unavailable with that reason).
     """
 
-    def __init__(self, spec: ModelSpec, engine: EngineClient, *, pool: Executor) -> None:
+    def __init__(self, spec: ModelSpec, engine: Engine, *, pool: Executor) -> None:
         self.spec = spec
         self.engine = engine
         self.pool = pool

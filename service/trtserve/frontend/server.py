@@ -14,7 +14,7 @@ from .._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from .._proto.trtserve.v1 import control_pb2, control_pb2_grpc
 from ..clock import Clock
 from .control import ModelControlService
-from .engine_client import EngineClient
+from .engine_client import Engine
 from .security import BearerTokenInterceptor, TlsConfig
 from .service import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT, SERVICE_NAME, InferenceService
 
@@ -22,7 +22,7 @@ CONTROL_SERVICE_NAME = control_pb2.DESCRIPTOR.services_by_name["ModelControl"].f
 
 
 async def start_frontend(
-    engine: EngineClient,
+    engine: Engine,
     clock: Clock,
     pool: Executor,
     *,

@@ -41,7 +41,7 @@ from ..metrics import UNKNOWN_MODEL
 from ..protocol import codec
 from ..protocol.parameters import request_parameters
 from ..repository import ModelState
-from .engine_client import EngineClient
+from .engine_client import Engine
 from .lifecycle import GRACE_EXPIRED, REFUSED, Admission
 from .pipeline import FrontendModel
 from .status import status_for
@@ -54,6 +54,37 @@ DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 DEFAULT_STREAM_INFLIGHT = 256
 EXTENSIONS = ["model_configuration", "parameters", "schedule_policy", "statistics"]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+
+
+# The Triton RPCs trtserve does not implement, and what it offers instead: answered
+# UNIMPLEMENTED with that sentence (not the generated servicer's NotImplementedError, which
+# grpc logs with a traceback as an application error).
+_SHARED_MEMORY = ("trtserve does not implement the shared-memory extension (it is not among ServerMetadata's "
+                  "extensions): send tensors in the request, as raw_input_contents")
+NOT_IMPLEMENTED = {
+    "RepositoryModelLoad": "trtserve loads every model of its repository at start (model control mode 'none'); "
+                           "restart the server to load or unload models",
+    "RepositoryModelUnload": "trtserve loads every model of its repository at start (model control mode 'none'); "
+                             "restart the server to load or unload models",
+    "SystemSharedMemoryStatus": _SHARED_MEMORY,
+    "SystemSharedMemoryRegister": _SHARED_MEMORY,
+    "SystemSharedMemoryUnregister": _SHARED_MEMORY,
+    "CudaSharedMemoryStatus": _SHARED_MEMORY,
+    "CudaSharedMemoryRegister": _SHARED_MEMORY,
+    "CudaSharedMemoryUnregister": _SHARED_MEMORY,
+    "TraceSetting": "trtserve does not implement request tracing; 'trtserve serve --log-requests' logs one line "
+                    "per request (id, model, status, duration) and the metrics endpoint has the latency histograms",
+    "LogSettings": "trtserve's log settings are fixed at start: --log-level, --log-format, --log-requests",
+}
+
+
+def _unimplemented(rpc: str, sentence: str) -> Any:
+    async def refuse(self: InferenceService, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{rpc} is not implemented: {sentence}")
+
+    refuse.__name__ = refuse.__qualname__ = rpc
+    refuse.__doc__ = f"UNIMPLEMENTED: {sentence}."
+    return refuse
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
@@ -75,7 +106,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     def __init__(
         self,
-        engine: EngineClient,
+        engine: Engine,
         clock: Clock,
         pool: Executor,
         *,
@@ -243,10 +274,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         spec = model.spec
         inputs, _rows = codec.decode_inputs(request, spec, max_elements=self.max_request_elements)
         chosen = codec.requested_outputs(request, spec)
-        priority, timeout = request_parameters(request)
+        priority, timeout, final = request_parameters(request)
         outputs, resolved = await model.infer(inputs, priority=priority, timeout=timeout, deadline=deadline)
         late = self.clock.now() > resolved
         response = codec.encode_response(spec, request.id, outputs, chosen)
+        if final:  # each request of a model that is not decoupled gets one response: the final one
+            response.parameters["triton_final_response"].bool_param = True
         size = response.ByteSize()
         if size > self.max_send_bytes:
             raise ResponseTooLarge(
@@ -280,3 +313,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             return result
         except TrtServeError as exc:
             await context.abort(status_for(exc), str(exc))
+
+
+for _rpc, _sentence in NOT_IMPLEMENTED.items():
+    setattr(InferenceService, _rpc, _unimplemented(_rpc, _sentence))

@@ -29,6 +29,7 @@ from .._proto.inference import grpc_service_pb2 as pb
 from ..errors import InvalidRequest
 from ..spec import ModelSpec, TensorSpec
 from .datatypes import DATATYPES, Datatype
+from .parameters import check_tensor_parameters
 
 Tensors = dict[str, np.ndarray]
 
@@ -78,6 +79,8 @@ def decode_inputs(request: pb.ModelInferRequest, spec: ModelSpec, *, max_element
             )
         if tensor.name in tensors:
             raise InvalidRequest(f"input '{tensor.name}' is given more than once")
+        if tensor.parameters:
+            check_tensor_parameters("input", tensor.name, tensor.parameters)
         shape = _check_shape(tensor.name, list(tensor.shape), expected, spec)
         declared += math.prod(shape)
         if declared > max_elements:
@@ -118,7 +121,9 @@ def requested_outputs(request: pb.ModelInferRequest, spec: ModelSpec) -> list[Te
 
     Raises:
         InvalidRequest: an unknown or repeated output name, or an output parameter trtserve
-            does not implement (``classification``).
+            does not read.
+        Unsupported: ``classification`` or shared-memory output parameters
+            (:func:`~trtserve.protocol.parameters.check_tensor_parameters`).
     """
     if not request.outputs:
         return list(spec.outputs)
@@ -132,10 +137,8 @@ def requested_outputs(request: pb.ModelInferRequest, spec: ModelSpec) -> list[Te
             )
         if found in chosen:
             raise InvalidRequest(f"output '{out.name}' is requested more than once")
-        if "classification" in out.parameters:
-            raise InvalidRequest(
-                f"output '{out.name}' asks for classification, which trtserve does not implement"
-            )
+        if out.parameters:
+            check_tensor_parameters("output", out.name, out.parameters)
         chosen.append(found)
     return chosen
 

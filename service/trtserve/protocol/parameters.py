@@ -1,29 +1,49 @@
-"""The request parameters trtserve reads (``../shared/notes/protocol.md`` b5).
+"""The request and tensor parameters trtserve reads (``../shared/notes/protocol.md`` b5), and
+the refusal of every other one: nothing a client asks for is accepted and then ignored.
+
+Request parameters:
 
 * ``timeout`` (int64, microseconds): the request's own deadline, also per message in a stream.
 * ``priority`` (uint64 or int64): 1 is the most urgent; 0 or absent means the model's default.
+* ``triton_enable_empty_final_response`` (bool): on a stream, every response carries
+  ``triton_final_response: true`` (each request of a model that is not decoupled gets exactly
+  one response, so it is the final one; no empty response follows).
 
-What they mean for the queue (the level, the deadline) is the admission rule,
-:func:`trtserve.batching.admission.admit`; here they are only parsed and type-checked.
+What ``priority`` and ``timeout`` mean for the queue (the level, the deadline) is the
+admission rule, :func:`trtserve.batching.admission.admit`; here they are only parsed.
+
+Tensor parameters: ``binary_data`` on a requested output (gRPC outputs always travel as raw
+bytes, so it is honoured as it is). Triton's shared-memory parameters (``shared_memory_region``,
+``shared_memory_byte_size``, ``shared_memory_offset``) on inputs or outputs are refused
+UNIMPLEMENTED: trtserve does not implement the shared-memory extension, so running on the
+inline bytes, or answering inline to a client that reads its output from a region, would
+give it wrong or stale data (C34). Any other parameter is refused INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from .._proto.inference import grpc_service_pb2 as pb
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, Unsupported
 
-# Reserved keys a client library may send that change nothing here.
-IGNORABLE = frozenset({"triton_enable_empty_final_response"})
+REQUEST_PARAMETERS = ("priority", "timeout", "triton_enable_empty_final_response")
+SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+SHARED_MEMORY_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+OUTPUT_PARAMETERS = ("binary_data",)
 
 
-def request_parameters(request: pb.ModelInferRequest) -> tuple[int, float | None]:
-    """The ``priority`` and ``timeout`` (seconds, or None) of a request.
+def request_parameters(request: pb.ModelInferRequest) -> tuple[int, float | None, bool]:
+    """The ``priority``, ``timeout`` (seconds, or None) and ``triton_enable_empty_final_response``
+    of a request.
 
     Raises:
         InvalidRequest (INVALID_ARGUMENT): a parameter of the wrong type or a negative value,
-            or an unknown ``triton_``-prefixed key.
+            or a parameter trtserve does not read.
+        Unsupported (UNIMPLEMENTED): sequence-batching parameters.
     """
-    priority, timeout = 0, None
+    priority, timeout, final = 0, None, False
     for key, param in request.parameters.items():
         kind = param.WhichOneof("parameter_choice")
         if key == "priority":
@@ -39,6 +59,38 @@ def request_parameters(request: pb.ModelInferRequest) -> tuple[int, float | None
                 raise InvalidRequest(f"parameter 'timeout' must be >= 0 microseconds, got {param.int64_param}")
             if param.int64_param > 0:
                 timeout = param.int64_param / 1e6
-        elif key.startswith("triton_") and key not in IGNORABLE:
-            raise InvalidRequest(f"unknown reserved parameter '{key}'")
-    return priority, timeout
+        elif key == "triton_enable_empty_final_response":
+            if kind != "bool_param":
+                raise InvalidRequest(f"parameter 'triton_enable_empty_final_response' must be a bool, got {kind}")
+            final = param.bool_param
+        elif key in SEQUENCE_PARAMETERS:
+            raise Unsupported(f"parameter '{key}': trtserve has no sequence batcher (it serves stateless models)")
+        else:
+            raise InvalidRequest(f"unknown request parameter '{key}'; trtserve reads {', '.join(REQUEST_PARAMETERS)}")
+    return priority, timeout, final
+
+
+def check_tensor_parameters(kind: str, name: str, parameters: Mapping[str, Any]) -> None:
+    """Refuse the parameters of input or output tensor ``name`` that trtserve does not honour.
+
+    Args:
+        kind: ``"input"`` or ``"output"`` (a requested output).
+
+    Raises:
+        Unsupported (UNIMPLEMENTED): shared-memory parameters, or ``classification``.
+        InvalidRequest (INVALID_ARGUMENT): any other parameter it does not read.
+    """
+    for key in parameters:
+        if key in SHARED_MEMORY_PARAMETERS:
+            where = "read its data from" if kind == "input" else "be written to"
+            raise Unsupported(
+                f"{kind} '{name}' asks to {where} a shared-memory region ({key}); trtserve does not implement "
+                "the shared-memory extension (it is not among ServerMetadata's extensions): send the tensor in the request"
+                + ("" if kind == "input" else " and read it from the response")
+            )
+        if kind == "output" and key == "classification":
+            raise Unsupported(f"output '{name}' asks for classification, which trtserve does not implement")
+        if kind == "output" and key in OUTPUT_PARAMETERS:
+            continue
+        allowed = f"; it reads {', '.join(OUTPUT_PARAMETERS)}" if kind == "output" else " (it reads none)"
+        raise InvalidRequest(f"unknown parameter '{key}' on {kind} '{name}'{allowed}")
