@@ -99,9 +99,16 @@ def write_probe(
     (``batch_ms``, ``row_ms``, ``fast_warmup``, ``fail_batch``, ``raise_on``, ``hang_on``,
     ``hang_s``, ``bad_shape_on``, ``log_file``, and the server's own: ``batching``,
     ``split_oversized_requests`` ...)."""
+    return _write_python_model(root, name, PROBE, max_batch_size, instances, dynamic, params)
+
+
+def _write_python_model(root: Path, name: str, source: str, max_batch_size: int, instances: int, dynamic: str,
+                        params: dict[str, object]) -> Path:
+    """``root/name``: the Python model ``source``, FP32 INPUT0 [-1] → OUTPUT0 [-1], with
+    ``params`` as string parameters."""
     model_dir = Path(root) / name
     (model_dir / "1").mkdir(parents=True)
-    (model_dir / "1" / "model.py").write_text(textwrap.dedent(PROBE))
+    (model_dir / "1" / "model.py").write_text(textwrap.dedent(source))
     parameters = "\n".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items())
     (model_dir / "config.pbtxt").write_text(
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
@@ -242,19 +249,8 @@ GATE = '''
 def write_gate(root: Path, name: str, log_file: Path, gate_file: Path, *, max_batch_size: int = 4,
                instances: int = 1, dynamic: str = "", **params: object) -> Path:
     """``root/name``: the gate Python model (see ``GATE``), FP32 INPUT0 [-1] → OUTPUT0 [-1]."""
-    model_dir = Path(root) / name
-    (model_dir / "1").mkdir(parents=True)
-    (model_dir / "1" / "model.py").write_text(textwrap.dedent(GATE))
-    params = {"log_file": log_file, "gate_file": gate_file, **params}
-    parameters = "\n".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items())
-    (model_dir / "config.pbtxt").write_text(
-        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        f"dynamic_batching {{ {dynamic} }}\n"
-        f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n{parameters}\n"
-    )
-    return model_dir
+    return _write_python_model(root, name, GATE, max_batch_size, instances, dynamic,
+                               {"log_file": log_file, "gate_file": gate_file, **params})
 
 
 def gate_batches(log_file: Path) -> list[list[float]]:

@@ -29,6 +29,17 @@ DRAIN_BATCH = 256
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
+def open_socket(kind: int) -> zmq.Socket:
+    """A plain socket of ``kind`` (``zmq.ROUTER`` for the engine core, ``zmq.DEALER`` for a
+    front end) with no high-water mark (a ROUTER drops messages past it; what is in flight is
+    bounded by the front ends' admission instead) and no linger on close."""
+    sock = zmq.Context.instance().socket(kind)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.LINGER, 0)
+    return sock
+
+
 class Channel:
     """``socket`` (connected or bound) driven by the running loop.
 

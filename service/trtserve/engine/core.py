@@ -31,7 +31,7 @@ from ..metrics import MetricsServer, RequestStats, TrtServeCollector
 from ..repository import ModelState, Repository
 from ..spec import ModelSpec
 from . import control, statistics, wire
-from .channel import Channel
+from .channel import Channel, open_socket
 from .model import EngineModel
 
 log = logging.getLogger(__name__)
@@ -121,12 +121,7 @@ class EngineCore:
             self.metrics = MetricsServer(collector, host, port)
         if self.address is None:
             return
-        sock = zmq.Context.instance().socket(zmq.ROUTER)
-        # No high-water mark: a ROUTER drops messages past it. What is in flight is bounded
-        # by the front ends' admission instead.
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock = open_socket(zmq.ROUTER)
         sock.bind(self.address)
         self._channel = Channel(sock, self._receive)
 

@@ -25,7 +25,7 @@ from ..batching.queue import Segment
 from ..clock import Clock, MonotonicClock
 from ..errors import ModelNotFound, ModelNotReady, RequestTimeout, ShuttingDown
 from ..engine import wire
-from ..engine.channel import Channel
+from ..engine.channel import Channel, open_socket
 from ..spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -115,10 +115,7 @@ class EngineClient(EngineView):
 
     async def connect(self) -> None:
         """Connect and say hello (the engine core answers with the model table once loaded)."""
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock = open_socket(zmq.DEALER)
         sock.connect(self.address)
         self._channel = Channel(sock, self._receive)
         self._send(wire.header("hello", os.getpid(), self.index))
