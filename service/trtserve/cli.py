@@ -132,7 +132,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT, then drain (a second signal exits at once): the process
     tree of :mod:`trtserve.supervisor`."""
     from .repository import ConfigError, check_repository
-    from .supervisor import ServeConfig, default_frontends, serve
+    from .serving import ServeConfig, default_frontends
+    from .supervisor import serve
 
     try:
         check_repository(args.model_repository)

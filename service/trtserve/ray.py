@@ -79,7 +79,7 @@ class TrtserveModel:
                  id_column: str = "id", intra_op_threads: int = 0, cpu_workers: int = 2) -> None:
         from . import runtimes
         from .clock import MonotonicClock
-        from .engine.local import local_model
+        from .frontend.local import local_model
         from .repository import Repository
 
         self.loop = asyncio.new_event_loop()

@@ -27,7 +27,6 @@ supervisor (``PR_SET_PDEATHSIG``), so no process is left behind however it ends.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import multiprocessing
 import os
@@ -38,10 +37,10 @@ import tempfile
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from pathlib import Path
 from typing import Any
+
+from .serving import ServeConfig
 
 log = logging.getLogger("trtserve")
 
@@ -52,63 +51,6 @@ RESTART_WINDOW_S = 60.0
 STOP_SLACK_S = 10.0
 # How long a child may take to bind its socket before the start counts as failed.
 START_TIMEOUT_S = 120.0
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """Everything the processes of one server need (picklable; from the CLI).
-
-    Attributes:
-        repository: the model repository directory.
-        host, port: where the front ends listen (port 0: an ephemeral port).
-        frontends: front-end processes (>= 1).
-        grace: seconds to finish admitted work on SIGTERM.
-        frontend: keyword arguments of :func:`trtserve.frontend.server.start_frontend`
-            (limits, TLS, auth).
-        cpu_workers: threads per front end for handler pre/post-processing.
-        intra_op_threads: ONNX Runtime threads per session (0: one per core).
-        metrics_host, metrics_port: the engine core's Prometheus endpoint (None: off).
-        log_level, log_format, log_requests: logging of every process (as the CLI's flags).
-    """
-
-    repository: Path
-    host: str = "127.0.0.1"
-    port: int = 8001
-    frontends: int = 1
-    grace: float = 30.0
-    frontend: dict[str, Any] = field(default_factory=dict)
-    cpu_workers: int = 2
-    intra_op_threads: int = 0
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = None
-    log_level: str = "INFO"
-    log_format: str = "text"
-    log_requests: bool = False
-
-
-def default_frontends() -> int:
-    """``--frontends auto``: one front end per two cores, between 1 and 8 (so 1, one process,
-    on a 2-core machine).
-
-    Measured on 2 cores (README, "Process model"): a second front end adds nothing there
-    (tiny, 64 callers over 8 connections: 1 860–1 990 req/s with one or two, the bench client
-    taking the rest of the box), and the one-process server is the fastest for one caller.
-    Each front end saturates about one core of gRPC work, and the engine core needs cores of
-    its own for the runtimes' threads, hence half: on a 16-core GPU host, 8 front ends.
-    """
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
-
-
-def die_with_parent() -> None:
-    """Have the kernel kill this process when its parent (the supervisor) dies (Linux
-    ``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so no process outlives the server."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the supervisor's own cleanup remains
-        return
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 class Child:
@@ -335,12 +277,12 @@ def serve(config: ServeConfig) -> int:
 
 async def serve_in_process(config: ServeConfig) -> int:
     """``--frontends 1``: the engine core and one front end in this process, the front end
-    calling the dispatchers directly (:class:`~trtserve.engine.local.LocalEngine`: no ZeroMQ
+    calling the dispatchers directly (:class:`~trtserve.frontend.local.LocalEngine`: no ZeroMQ
     hop). Measured on 2 cores against the process tree with one front end: one caller
     0.4–0.8 ms faster, 64 callers about 12 % more requests/s (README, "Process model").
     SIGTERM/SIGINT drains as the tree does; a second signal exits at once."""
     from .clock import MonotonicClock
-    from .engine.local import LocalEngine
+    from .frontend.local import LocalEngine
     from .engine.process import log_models, make_core
     from .frontend.lifecycle import drain
     from .frontend.server import start_frontend

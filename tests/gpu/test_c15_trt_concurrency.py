@@ -33,7 +33,7 @@ def trt(device_info):
 def test_two_trt_slots_under_16_clients_match_the_sequential_reference(trt, tmp_path, precision):
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
-    from trtserve.engine.local import local_model
+    from trtserve.frontend.local import local_model
     from trtserve.repository import ModelState, Repository
 
     model_dir = _copy_model("tiny", tmp_path)

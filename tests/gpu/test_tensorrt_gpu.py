@@ -179,7 +179,7 @@ def test_the_server_serves_a_built_plan_with_tensorrt(trt, tmp_path):
 
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
-    from trtserve.engine.local import local_model
+    from trtserve.frontend.local import local_model
     from trtserve.repository import ModelState, Repository
 
     model_dir = _copy_model("tiny", tmp_path)

@@ -381,7 +381,7 @@ def _write_model(root: Path, name: str, config: str, files: dict[str, bytes]) ->
 def test_a_plan_model_is_not_ready_with_the_reason_while_others_serve(tmp_path, engines):
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
-    from trtserve.engine.local import local_model
+    from trtserve.frontend.local import local_model
     from trtserve.repository import ModelState, Repository, load_spec
 
     onnx = (engines / "tiny" / "1" / "model.onnx").read_bytes()

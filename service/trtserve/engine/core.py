@@ -63,7 +63,7 @@ class EngineCore:
         repository: the models (loaded by :meth:`load`).
         address: the ZeroMQ endpoint to bind (``ipc:///run/dir/engine.sock``); ``None`` for
             none: a front end in this process uses it directly
-            (:class:`~trtserve.engine.local.LocalEngine`, ``trtserve serve --frontends 1``).
+            (:class:`~trtserve.frontend.local.LocalEngine`, ``trtserve serve --frontends 1``).
         metrics_host, metrics_port: serve Prometheus metrics there (port 0: ephemeral);
             ``metrics_port=None``: no endpoint.
 

@@ -10,7 +10,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..supervisor import ServeConfig
+    from ..serving import ServeConfig
     from .core import EngineCore
 
 log = logging.getLogger("trtserve")
@@ -26,7 +26,7 @@ def engine_main(config: ServeConfig, address: str, conn: Connection) -> None:
     systemd's default stop) must not close the engine core while the front ends are still
     draining into it; the supervisor stops it after them."""
     from .. import logs
-    from ..supervisor import die_with_parent
+    from ..serving import die_with_parent
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)

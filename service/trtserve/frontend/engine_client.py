@@ -44,7 +44,7 @@ class ModelInfo:
 
 class Engine(Protocol):
     """The engine core as a front end sees it: :class:`EngineClient` over ZeroMQ, or
-    :class:`~trtserve.engine.local.LocalEngine` in the same process."""
+    :class:`~trtserve.frontend.local.LocalEngine` in the same process."""
 
     models: dict[str, ModelInfo]
     loaded: asyncio.Event

@@ -9,7 +9,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..supervisor import ServeConfig
+    from ..serving import ServeConfig
 
 
 def frontend_main(config: ServeConfig, address: str, port: int, index: int, conn: Connection) -> None:
@@ -17,7 +17,7 @@ def frontend_main(config: ServeConfig, address: str, port: int, index: int, conn
     until SIGTERM, then drain. Reports ``("bound", port)`` once listening and ``("ready",)``
     once the model table has arrived and the handlers are loaded."""
     from .. import logs
-    from ..supervisor import die_with_parent
+    from ..serving import die_with_parent
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides what a Ctrl-C means

@@ -17,19 +17,29 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._proto.inference import grpc_service_pb2 as pb
 from ..errors import ShuttingDown, TrtServeError
-from .lifecycle import GRACE_EXPIRED
+from .lifecycle import GRACE_EXPIRED, Admission
 from .status import stream_error
 
-if TYPE_CHECKING:
-    from .service import InferenceService
+
+class StreamOwner(Protocol):
+    """What a stream needs of its inference service
+    (:class:`~trtserve.frontend.service.InferenceService`)."""
+
+    admission: Admission
+    stream_inflight: int
+    wake_streams: set[asyncio.Queue[Any]]
+
+    def deadline_of(self, context: Any) -> float: ...
+
+    async def answer(self, request: pb.ModelInferRequest, deadline: float, admitted: bool) -> pb.ModelInferResponse: ...
 
 
 async def serve_stream(
-    service: InferenceService, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    service: StreamOwner, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
 ) -> AsyncIterator[pb.ModelStreamInferResponse]:
     """The responses of one ``ModelStreamInfer`` call (see the module docstring)."""
     admission = service.admission

@@ -89,7 +89,7 @@ async def check_model(root: Path, name: str, *, samples: int = 32, atol: float =
     """
     from .. import runtimes
     from ..clock import MonotonicClock
-    from ..engine.local import LocalEngine
+    from ..frontend.local import LocalEngine
     from ..engine.model import EngineModel
     from ..frontend.pipeline import FrontendModel
     from ..repository import load_spec

@@ -16,13 +16,13 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 from ..batching.queue import Segment
-from ..frontend.engine_client import EngineView, ModelInfo
-from ..frontend.pipeline import FrontendModel
+from ..engine.model import EngineModel
 from ..repository import Repository
-from .model import EngineModel
+from .engine_client import EngineView, ModelInfo
+from .pipeline import FrontendModel
 
 if TYPE_CHECKING:
-    from .core import EngineCore
+    from ..engine.core import EngineCore
 
 
 class LocalEngine(EngineView):
