@@ -33,7 +33,7 @@ def open_socket(kind: int) -> zmq.Socket:
     """A plain socket of ``kind`` (``zmq.ROUTER`` for the engine core, ``zmq.DEALER`` for a
     front end) with no high-water mark (a ROUTER drops messages past it; what is in flight is
     bounded by the front ends' admission instead) and no linger on close."""
-    sock = zmq.Context.instance().socket(kind)
+    sock: zmq.Socket = zmq.Context.instance().socket(kind)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.LINGER, 0)
@@ -54,7 +54,7 @@ class Channel:
         self.socket = socket
         self.on_message = on_message
         self._loop = asyncio.get_running_loop()
-        self._fd = socket.getsockopt(zmq.FD)
+        self._fd = int(socket.getsockopt(zmq.FD))
         self._scheduled = False
         self._closed = False
         self._loop.add_reader(self._fd, self._drain)
@@ -66,7 +66,7 @@ class Channel:
         if self._closed:
             return
         self.socket.send_multipart(frames, flags=_NOBLOCK, copy=False)
-        if self.socket.getsockopt(_EVENTS) & _POLLIN:
+        if int(self.socket.getsockopt(_EVENTS)) & _POLLIN:
             self._schedule()
 
     def close(self) -> None:

@@ -80,4 +80,4 @@ def local_model(repository: Repository, name: str, pool: Executor) -> FrontendMo
     Raises:
         ModelNotFound, ModelNotReady: see :meth:`Repository.get`.
     """
-    return FrontendModel(repository.get(name).spec, LocalEngine(repository.get), pool=pool)  # type: ignore[arg-type]
+    return FrontendModel(repository.get(name).spec, LocalEngine(repository.get), pool=pool)

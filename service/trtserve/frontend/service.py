@@ -215,6 +215,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if not self.admission.expired:
                 raise
             await context.abort(grpc.StatusCode.UNAVAILABLE, GRACE_EXPIRED)
+            raise  # not reached: abort raises
         finally:
             if admitted:
                 self.admission.release(task)

@@ -35,7 +35,7 @@ def status_for(exc: TrtServeError) -> grpc.StatusCode:
     """The gRPC status code of a trtserve error (most specific class first)."""
     for cls in type(exc).__mro__:
         if cls in STATUS_FOR:
-            return STATUS_FOR[cls]  # type: ignore[index]
+            return STATUS_FOR[cls]
     return grpc.StatusCode.INTERNAL
 
 

@@ -16,7 +16,8 @@ task of the stream is cancelled, and their rows leave the engine core's queue (C
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from functools import partial
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Protocol
 
 from .._proto.inference import grpc_service_pb2 as pb
@@ -40,7 +41,7 @@ class StreamOwner(Protocol):
 
 async def serve_stream(
     service: StreamOwner, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
-) -> AsyncIterator[pb.ModelStreamInferResponse]:
+) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
     """The responses of one ``ModelStreamInfer`` call (see the module docstring)."""
     admission = service.admission
     # None: the reader is done, or a drain began (look again at draining).
@@ -65,7 +66,7 @@ async def serve_stream(
         unanswered -= 1
         outbox.put_nowait(message)  # its in-flight slot is released once it is written
 
-    def finished(task: asyncio.Task[None], admitted: bool) -> None:
+    def finished(task: asyncio.Task[None], *, admitted: bool) -> None:
         pending.discard(task)
         if admitted:
             admission.release(task)
@@ -81,7 +82,7 @@ async def serve_stream(
                 if admitted:
                     admission.track(task)
                 pending.add(task)
-                task.add_done_callback(lambda t, a=admitted: finished(t, a))
+                task.add_done_callback(partial(finished, admitted=admitted))
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
         finally:
