@@ -114,7 +114,7 @@ def test_two_front_ends_share_one_port_and_the_server_counts_as_one(tree):
         for k, conn in enumerate(channels):
             stub = pb_grpc.GRPCInferenceServiceStub(conn)
             for j in range(3):
-                stub.ModelInfer(request(k * 10 + j), timeout=30)
+                stub.ModelInfer(request(k * 10 + j + 1), timeout=30)
         stats = pb_grpc.GRPCInferenceServiceStub(channels[0]).ModelStatistics(pb.ModelStatisticsRequest(name="gated"), timeout=30)
     finally:
         for conn in channels:
@@ -221,9 +221,12 @@ def test_sigterm_with_two_front_ends_answers_everything_admitted_and_exits_0(tmp
     channels = [channel(srv.url) for _ in range(CONNECTIONS)]
     try:
         with ThreadPoolExecutor(CONNECTIONS) as pool:
-            admitted = [pool.submit(pb_grpc.GRPCInferenceServiceStub(c).ModelInfer, request(float(k)), timeout=60)
+            # Ids from 1: the gate model passes all-zero rows (the warm-up's) through its gate.
+            admitted = [pool.submit(pb_grpc.GRPCInferenceServiceStub(c).ModelInfer, request(float(k + 1)), timeout=60)
                         for k, c in enumerate(channels)]
-            assert wait_for(lambda: t.metric("trtserve_inflight_requests") == CONNECTIONS, 30)
+            assert wait_for(lambda: t.metric("trtserve_inflight_requests") == CONNECTIONS, 30), (
+                t.metric("trtserve_inflight_requests"), t.metric("trtserve_queue_depth", model="gated"), t.ran(),
+                [f for f in admitted if f.done()][:2], [t.metric("trtserve_frontend_requests_total", frontend=str(i)) for i in (0, 1)])
             srv.proc.send_signal(signal.SIGTERM)
             with channel(srv.url) as late:
                 assert wait_for(lambda: _refused(late), 10)
@@ -232,10 +235,10 @@ def test_sigterm_with_two_front_ends_answers_everything_admitted_and_exits_0(tmp
     finally:
         for conn in channels:
             conn.close()
-    assert sorted(float(a.id) for a in answers) == [float(k) for k in range(CONNECTIONS)]
+    assert sorted(float(a.id) for a in answers) == [float(k + 1) for k in range(CONNECTIONS)]
     assert srv.proc.wait(60) == 0
     assert not any(alive(p) for p in procs.values())
-    assert sorted(t.ran()) == [float(k) for k in range(CONNECTIONS)]
+    assert sorted(t.ran()) == [float(k + 1) for k in range(CONNECTIONS)]
 
 
 def _refused(channel: grpc.Channel) -> bool:

@@ -67,7 +67,7 @@ def repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("c23")
     write_model(root, "seg", seg_model(), config_text(
         "seg", [("INPUT0", "FP32", (1, 256, 256))], [("OUTPUT0", "FP32", (3, 256, 256))], max_batch_size=128,
-        extra='dynamic_batching { max_queue_delay_microseconds: 200000 }\n'
+        extra='dynamic_batching { max_queue_delay_microseconds: 1500000 }\n'
               'parameters { key: "batching" value: { string_value: "fixed" } }'))
     return root
 
