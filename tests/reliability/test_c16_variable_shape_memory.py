@@ -33,7 +33,7 @@ from trtserve.client import Client
 from trtserve.testmodels import _model, config_text, write_model
 from trtserve.tools.process import ServerProcess
 
-REQUESTS, CONTROL = 800, 300
+REQUESTS, CONTROL = 1200, 300
 
 
 def conv_net():
@@ -102,15 +102,19 @@ def test_rss_plateaus_under_variable_shapes_with_the_documented_settings(tmp_pat
             stop.set()
             sampler.join()
     mib = 1 << 20
-    first = max(r for n, r in samples if n <= REQUESTS // 2)
-    second = max(r for n, r in samples if REQUESTS // 2 < n <= REQUESTS)
+    # The first third meets most shape combinations (and the allocator's high-water marks);
+    # a plateau means the last third needs no more than the middle one.
+    third = REQUESTS // 3
+    first = max(r for n, r in samples if n <= third)
+    middle = max(r for n, r in samples if third < n <= 2 * third)
+    last = max(r for n, r in samples if 2 * third < n <= REQUESTS)
     control = max(r for n, r in samples if n > REQUESTS)
-    print(f"\nC16: {REQUESTS} variable-shape requests in {varied_s:.1f} s; RSS peak {first // mib} MiB in the first "
-          f"half, {second // mib} MiB in the second ({(second / first - 1) * 100:+.1f}%), {control // mib} MiB in the "
-          f"fixed-shape control")
+    print(f"\nC16: {REQUESTS} variable-shape requests in {varied_s:.1f} s; RSS peak {first // mib} / {middle // mib} / "
+          f"{last // mib} MiB over the thirds ({(last / middle - 1) * 100:+.1f}% last vs middle), {control // mib} MiB in "
+          f"the fixed-shape control")
     assert done == REQUESTS + CONTROL
-    assert second < 1.10 * first  # a plateau
-    assert control < 1.10 * first
+    assert last < 1.10 * max(first, middle)  # a plateau
+    assert control < 1.10 * max(first, middle, last)
 
 
 def test_the_memory_settings_reach_the_sessions_and_bad_values_are_refused(make_server, tmp_path):
