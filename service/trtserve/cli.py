@@ -78,7 +78,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
                        help=f"requests of one stream processed at once before reading pauses (default: {DEFAULT_STREAM_INFLIGHT})")
     serve.add_argument("--cpu-workers", type=int, default=2, help="threads per front end for handler pre/post-processing (default: 2)")
     serve.add_argument("--intra-op-threads", type=int, default=0, help="ONNX Runtime threads per session (default: 0, one per core)")
-    serve.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish queued work on SIGTERM (default: 30)")
+    serve.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish queued work on SIGTERM or SIGINT (default: 30)")
     serve.add_argument("--max-request-elements", type=int, default=0,
                        help="most tensor elements one request may declare over its inputs, checked before any allocation "
                             "(default: 0, as many as --max-message-bytes)")
@@ -140,6 +140,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)
         return 2
+    if not 0 <= args.port <= 65535:
+        print(f"trtserve serve: --port must be in 0..65535 (0: a free one), got {args.port}", file=sys.stderr)
+        return 2
     try:
         frontends = default_frontends() if args.frontends == "auto" else int(args.frontends)
         if frontends < 1:
@@ -147,6 +150,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"trtserve serve: --frontends must be 'auto' or a whole number >= 1, got '{args.frontends}'", file=sys.stderr)
         return 2
+    if frontends > (os.cpu_count() or 1):
+        log.warning("--frontends %d is more than this machine's %d cores: the front ends will compete for them",
+                    frontends, os.cpu_count() or 1)
     try:
         security = _security(args)
     except ValueError as exc:

@@ -194,21 +194,25 @@ def test_a_front_end_killed_mid_stream_is_restarted_and_the_other_is_unaffected(
 
 def test_an_engine_core_that_dies_stops_the_server_non_zero_with_no_orphans(tmp_path):
     srv, t = start(tmp_path)
-    procs = pids(srv)
-    assert set(procs) == {"engine", "frontend0", "frontend1"}
-    os.kill(procs["engine"], signal.SIGKILL)
-    assert srv.proc.wait(30) != 0
-    assert any("engine core exited (killed by SIGKILL)" in line for line in srv.output), list(srv.output)
-    assert wait_for(lambda: not any(alive(p) for p in procs.values()), 10), {k: alive(p) for k, p in procs.items()}
-    srv.stop()
+    try:
+        procs = pids(srv)
+        assert set(procs) == {"engine", "frontend0", "frontend1"}
+        os.kill(procs["engine"], signal.SIGKILL)
+        assert srv.proc.wait(30) != 0
+        assert any("engine core exited (killed by SIGKILL)" in line for line in srv.output), list(srv.output)
+        assert wait_for(lambda: not any(alive(p) for p in procs.values()), 10), {k: alive(p) for k, p in procs.items()}
+    finally:
+        srv.stop()
 
 
 def test_a_killed_supervisor_takes_its_children_with_it(tmp_path):
     srv, t = start(tmp_path)
-    procs = pids(srv)
-    os.kill(srv.pid, signal.SIGKILL)
-    assert wait_for(lambda: not any(alive(p) for p in procs.values()), 10), {k: alive(p) for k, p in procs.items()}
-    srv.stop()
+    try:
+        procs = pids(srv)
+        os.kill(srv.pid, signal.SIGKILL)
+        assert wait_for(lambda: not any(alive(p) for p in procs.values()), 10), {k: alive(p) for k, p in procs.items()}
+    finally:
+        srv.stop()
 
 
 def test_sigterm_with_two_front_ends_answers_everything_admitted_and_exits_0(tmp_path):
@@ -219,6 +223,14 @@ def test_sigterm_with_two_front_ends_answers_everything_admitted_and_exits_0(tmp
     procs = pids(srv)
     t.gate.unlink(missing_ok=True)
     channels = [channel(srv.url) for _ in range(CONNECTIONS)]
+    try:
+        _drain_while_admitted(srv, t, procs, channels)
+    finally:
+        t.gate.touch()
+        srv.stop()
+
+
+def _drain_while_admitted(srv: ServerProcess, t: Tree, procs: dict[str, int], channels: list[grpc.Channel]) -> None:
     try:
         with ThreadPoolExecutor(CONNECTIONS) as pool:
             # Ids from 1: the gate model passes all-zero rows (the warm-up's) through its gate.
