@@ -76,6 +76,18 @@ async def test_oversized_request_is_split_and_gathered_in_order():
     np.testing.assert_array_equal(fut.result()[0]["y"], 2 * x)
 
 
+async def test_a_split_request_is_gathered_in_row_order_when_its_later_piece_finishes_first():
+    """C15's kind: on two slots the batch with the request's last rows can finish before the
+    batch with its first rows; the answer is still in row order (it came back rotated)."""
+    clock, backend, d = make(BatchingPolicy(max_batch_size=4), slots=2, latency=lambda rows: 0.050 if rows == 4 else 0.010)
+    x = np.arange(6, dtype=np.float32).reshape(6, 1)
+    fut = d.submit([{"x": x}])
+    await clock.advance(0.020)  # rows 4-5 (10 ms) are done, rows 0-3 (50 ms) still run
+    assert backend.sizes() == [4, 2] and not fut.done()
+    await clock.advance(0.040)
+    np.testing.assert_array_equal(fut.result()[0]["y"], 2 * x)
+
+
 async def test_max_queue_delay_waits_for_more_rows_then_dispatches():
     clock, backend, d = make(BatchingPolicy(max_batch_size=8, max_queue_delay=0.100, adaptive=False))
     d.submit(rows(1))

@@ -275,7 +275,7 @@ class Dispatcher:
         for piece, out in zip(pieces, unpack(batch, outputs, self.backend.outputs)):
             entry = piece.entry
             entry.running -= 1
-            entry.chunks[piece.seg].append(out)
+            entry.chunks[piece.seg].append((piece.start, out))
             if entry.rows == 0 and entry.running == 0 and not entry.done:
                 entry.future.set_result([_concat(chunks) for chunks in entry.chunks])
 
@@ -297,8 +297,11 @@ def _fail(entry: QueueEntry, exc: Exception) -> None:
         entry.future.set_exception(exc)
 
 
-def _concat(chunks: list[Segment]) -> Segment:
+def _concat(chunks: list[tuple[int, Segment]]) -> Segment:
+    """One segment's outputs from its pieces, in row order: pieces of a request split over
+    several batches can finish in any order when the batches run on different slots."""
     if len(chunks) == 1:
-        return chunks[0]
-    return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
+        return chunks[0][1]
+    ordered = [out for _start, out in sorted(chunks, key=lambda c: c[0])]
+    return {name: np.concatenate([c[name] for c in ordered]) for name in ordered[0]}
 

@@ -44,7 +44,8 @@ class QueueEntry:
         rows: rows not yet taken into a batch.
         running: pieces of this entry now inside a running batch.
         seg_index, seg_offset: where the next untaken row is.
-        chunks: per segment, the output pieces gathered so far (in row order).
+        chunks: per segment, the output pieces gathered so far, each with its first row
+            (in completion order: the dispatcher puts them in row order at the end).
         length: elements per row of its largest input (after the batch axis): what padding
             to a batch's longest row is measured in.
     """
@@ -60,7 +61,7 @@ class QueueEntry:
     seg_index: int = 0
     seg_offset: int = 0
     seq: int = field(default_factory=lambda: next(_arrivals))
-    chunks: list[list[Segment]] = field(default_factory=list)
+    chunks: list[list[tuple[int, Segment]]] = field(default_factory=list)
     length: int = 1
 
     def __post_init__(self) -> None:
