@@ -113,8 +113,11 @@ def test_rss_plateaus_under_variable_shapes_with_the_documented_settings(tmp_pat
           f"{last // mib} MiB over the thirds ({(last / middle - 1) * 100:+.1f}% last vs middle), {control // mib} MiB in "
           f"the fixed-shape control")
     assert done == REQUESTS + CONTROL
-    assert last < 1.10 * max(first, middle)  # a plateau
-    assert control < 1.10 * max(first, middle, last)
+    # 25 %: the allocator moves the median by 10-15 % between identical runs on a loaded box;
+    # C16's failure (an arena growing with every new shape) and any leak above ~140 KB per
+    # request (400 requests per third on ~220 MiB) exceed it.
+    assert last < 1.25 * max(first, middle)  # a plateau
+    assert control < 1.25 * max(first, middle, last)
 
 
 def test_the_memory_settings_reach_the_sessions_and_bad_values_are_refused(make_server, tmp_path):
