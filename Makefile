@@ -31,7 +31,8 @@ $(GEN)/.stamp: $(PROTOS) $(VENV)/.installed
 	sed -i -E 's/^from (inference|trtserve\.v1) import/from trtserve._proto.\1 import/' $(GEN)/inference/*.py $(GEN)/trtserve/v1/*.py
 	touch $(GEN)/__init__.py $(GEN)/inference/__init__.py $(GEN)/trtserve/__init__.py $(GEN)/trtserve/v1/__init__.py $@
 
-## engine: build every model in engines/ (ONNX exports, test models; TensorRT plans where a GPU exists)
+## engine: build every model in engines/ (ONNX exports and the tokenizer files they serve with, test
+## models; TensorRT plans where a GPU exists); a no-op, rewriting no file, when inputs are unchanged
 engine: protos
 	$(PY) -m trtserve build --model-repository engines
 

