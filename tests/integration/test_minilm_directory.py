@@ -49,7 +49,7 @@ def without_package(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(blocker.parent), env.get("PYTHONPATH", "")) if p)
     probe = subprocess.run([sys.executable, "-c", f"import importlib.resources; importlib.resources.files({PACKAGE!r})"],
-                           env=env, capture_output=True, text=True, timeout=60)
+                           env=env, capture_output=True, text=True, timeout=60, check=False)
     assert f"ModuleNotFoundError: No module named {PACKAGE} (blocked by the test)" in probe.stderr, probe.stderr
     return env
 
@@ -57,7 +57,7 @@ def without_package(tmp_path: Path) -> dict[str, str]:
 def trtserve_build(repository: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``trtserve build`` of minilm alone, as ``make engine`` runs it (no TensorRT plans here)."""
     return subprocess.run([sys.executable, "-m", "trtserve", "build", "--model-repository", str(repository),
-                           "--no-tensorrt", "minilm"], env=env, capture_output=True, text=True, timeout=300)
+                           "--no-tensorrt", "minilm"], env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 def mtimes(directory: Path) -> dict[str, int]:
