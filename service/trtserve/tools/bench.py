@@ -39,7 +39,8 @@ served rows/s to the raw best-batch rows/s, the CPU time per request (µs) of th
 (its whole process tree) and of the bench client, and the server tree's resident memory (MiB)
 at the start of the window and after its last answer. Overload and mixed points add, per
 deadline class, goodput, late answers, refusals by status and p50/p99 of the OK answers. Output: tables and the issue's targets (PASS/MISS) on the terminal,
-``OUT/bench.json``, ``OUT/<model>_latency.png`` and ``OUT/<model>_batches.png``. Targets are reported, never turned into an exit status.
+``OUT/bench.json``, ``OUT/<model>_latency.png``, ``OUT/<model>_batches.png`` and, with the
+overload mode, ``OUT/<model>_overload.png`` (goodput against offered load per policy). Targets are reported, never turned into an exit status.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from .benchlib.overload import (
     format_mixed_table, format_overload_table, mixed_deadlines_us, mixed_targets, overload_targets,
 )
 from .benchlib.peer import PEERS, PeerSetupError, triton_peer
-from .benchlib.plots import plot_batches, plot_latency
+from .benchlib.plots import plot_batches, plot_latency, plot_overload
 from .benchlib.policies import (
     CLOSED_MODE, DEFAULT_POLICIES, OPEN_MODE, PolicyChoice, format_policy_table, get_policy, parse_policies, policy_targets, set_policy,
 )
@@ -201,6 +202,10 @@ def run(args: argparse.Namespace) -> int:
             plots += [args.out / f"{model}_latency.png", args.out / f"{model}_batches.png"]
             plot_latency(model, mine, raws.get(model), plots[-2])
             plot_batches(model, mine, workload.spec.policy.max_batch_size, plots[-1])
+        overload = [p for p in points if p.model == model and p.mode == OVERLOAD_MODE]
+        if overload:
+            plots.append(args.out / f"{model}_overload.png")
+            plot_overload(model, overload, plots[-1])
     wall_s = time.perf_counter() - started
     load_after = os.getloadavg()
     report = {

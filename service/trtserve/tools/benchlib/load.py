@@ -66,8 +66,9 @@ class Window:
 
     Attributes:
         seconds: window length.
-        keys: per request, the index of its message (open loop: its arrival; closed loop:
-            the message it sent), in order of answers.
+        keys: per request, the index of the message it sent in the point's ``messages``
+            (open-loop unary: arrival k sends message k mod len(messages), so with one
+            message per arrival the key is the arrival), in the order of the other arrays.
         latency_us: per request, send → answer in microseconds.
         codes: per request, gRPC status name.
         late_mask: per request, True for an OK answer after its deadline.
