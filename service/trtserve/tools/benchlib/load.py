@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import os
 import time
 from collections import deque
@@ -49,6 +50,9 @@ class Recorder:
     done: list[float] = field(default_factory=list)
     codes: list[str] = field(default_factory=list)
     late: list[bool] = field(default_factory=list)
+    window_end: float = math.inf
+    """The measuring window's end (set when it closes): the open loop sends every arrival
+    scheduled before it."""
 
     def add(self, key: int, scheduled: float, sent: float, done: float, code: str, deadline_s: float | None) -> None:
         """One answer to message ``key``; it is late if OK but more than ``deadline_s`` after it was sent."""
@@ -110,14 +114,18 @@ def _stream_code(response: pb.ModelStreamInferResponse) -> str:
     return params["error_code"].string_param if "error_code" in params else "UNKNOWN"
 
 
-async def _on_schedule(arrivals: np.ndarray, stop: asyncio.Event) -> AsyncIterator[tuple[int, float]]:
-    """Yield ``(k, scheduled time)`` at each of ``arrivals`` (seconds from now), until ``stop``."""
+async def _on_schedule(arrivals: np.ndarray, stop: asyncio.Event, recorder: Recorder) -> AsyncIterator[tuple[int, float]]:
+    """Yield ``(k, scheduled time)`` at each of ``arrivals`` (seconds from now), until ``stop``
+    is set; then still every arrival scheduled before ``recorder.window_end``. A generator that
+    has fallen behind its schedule (the client's CPU is the limit) so still sends the whole
+    window's sample, late, and its send lag shows by how much, instead of a window with the
+    requests it did not reach left out."""
     base = time.perf_counter()
     for k, offset in enumerate(arrivals):
-        delay = base + offset - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if stop.is_set():
+        # Behind schedule the sleep is 0, which still lets the loop run the calls already sent
+        # (and the window's clock): a generator that never yielded would queue the whole trace.
+        await asyncio.sleep(max(base + offset - time.perf_counter(), 0.0))
+        if stop.is_set() and base + offset >= recorder.window_end:
             return
         yield k, base + offset
 
@@ -218,7 +226,7 @@ class LoadGenerator:
             before = await self.snapshot(model)
             start = time.perf_counter()
             await asyncio.sleep(self.duration_s)
-            end = time.perf_counter()
+            end = recorder.window_end = time.perf_counter()
             stop.set()
             await task
         finally:
@@ -311,7 +319,7 @@ class LoadGenerator:
         async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
             calls = [
                 asyncio.ensure_future(one(k, at, recorder))
-                async for k, at in _on_schedule(arrivals, stop)
+                async for k, at in _on_schedule(arrivals, stop, recorder)
             ]
             await asyncio.gather(*calls)
 
@@ -335,7 +343,7 @@ class LoadGenerator:
 
             reader = asyncio.ensure_future(read())
             try:
-                async for k, at in _on_schedule(arrivals, stop):
+                async for k, at in _on_schedule(arrivals, stop, recorder):
                     scheduled[k], sent[k] = at, time.perf_counter()
                     await call.write(messages[k])
                 await call.done_writing()
