@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -366,7 +367,6 @@ async def _policies(
     capacity = await _capacity(args, gen, workload, raw, "stream", done)
     full = raw.sizes[-1]  # batch_sizes() ends at max_batch_size
     timeout_us = deadline_us(full.p50_ms, args.policy_deadline_factor)
-    original = await get_policy(channel, model)
     choices: list[PolicyChoice] = args.policies
     traces = []
     for fraction in args.policy_rates:
@@ -374,7 +374,7 @@ async def _policies(
         traces.append((fraction, arrivals, workload.messages(len(arrivals), with_ids=True, timeout_us=timeout_us)))
     closed = workload.messages(max(len(workload.requests), max(args.policy_concurrency) + 1))
     measure = gen.with_duration(args.policy_duration)
-    try:
+    async with _policy_restored(channel, model):
         # One unmeasured replay first: the previous sweep's tail (an overloaded open loop) must
         # not land on whichever policy happens to be measured first.
         await measure.open_stream(model, traces[0][2], traces[0][1], timeout_us / 1e6)
@@ -393,6 +393,14 @@ async def _policies(
                         window = await measure.open_stream(model, messages, arrivals, timeout_us / 1e6)
                         yield _point(model, mode, fraction * capacity, fraction, timeout_us, window, raw, policy=choice.label)
                     await asyncio.sleep(SETTLE_S)
+
+
+@contextlib.asynccontextmanager
+async def _policy_restored(channel: grpc.aio.Channel, model: str) -> AsyncIterator[None]:
+    """The model's batching policy as it was on entry is set again on exit, however the block ends."""
+    original = await get_policy(channel, model)
+    try:
+        yield
     finally:
         await set_policy(channel, model, original.adaptive, original.max_queue_delay_us)
 
@@ -402,14 +410,11 @@ async def _under_policies(
 ) -> AsyncIterator[Point]:
     """``run`` under each policy of ``--policies`` in turn, its points as they come; the
     model's own policy restored at the end."""
-    original = await get_policy(channel, model)
-    try:
+    async with _policy_restored(channel, model):
         for choice in args.policies:
             await set_policy(channel, model, choice.adaptive, choice.max_queue_delay_us)
             for point in await run(choice):
                 yield point
-    finally:
-        await set_policy(channel, model, original.adaptive, original.max_queue_delay_us)
 
 
 async def _overload(
