@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtserve.tools.benchlib.policies import PolicyChoice, format_policy_table, goodput, miss_share, parse_policies, policy_targets
+from trtserve.tools.benchlib.policies import CLOSED_MODE, OPEN_MODE, PolicyChoice, format_policy_table, goodput, miss_share, parse_policies, policy_targets
 from trtserve.tools.benchlib.raw import batch_sizes
 from trtserve.tools.benchlib.report import (
     Measurement,
@@ -23,7 +23,7 @@ from trtserve.tools.benchlib.report import (
     summarize,
 )
 from trtserve.tools.benchlib.compare import ONE_CONNECTION_MODE, anchor_targets, comparison_rows, format_comparison
-from trtserve.tools.benchlib.cpu import tree_cpu_seconds_of
+from trtserve.tools.benchlib.proctree import tree_cpu_seconds_of, tree_rss_bytes_of
 from trtserve.tools.benchlib.workload import poisson_arrivals
 
 
@@ -155,8 +155,9 @@ def test_batch_sizes_double_up_to_the_maximum():
     assert batch_sizes(1) == [1]
 
 
-def stat(pid: int, ppid: int, utime: int, stime: int, cutime: int = 0, cstime: int = 0, name: str = "python -m (x)") -> str:
-    return f"{pid} ({name}) S {ppid} 2 3 4 5 6 7 8 9 10 {utime} {stime} {cutime} {cstime} 20 0 4 0 100"
+def stat(pid: int, ppid: int, utime: int, stime: int, cutime: int = 0, cstime: int = 0, name: str = "python -m (x)",
+         rss_pages: int = 0) -> str:
+    return f"{pid} ({name}) S {ppid} 2 3 4 5 6 7 8 9 10 {utime} {stime} {cutime} {cstime} 20 0 4 0 100 4096 {rss_pages} 99"
 
 
 def test_tree_cpu_seconds_sum_the_root_and_every_descendant():
@@ -169,6 +170,18 @@ def test_tree_cpu_seconds_sum_the_root_and_every_descendant():
     assert tree_cpu_seconds_of(stats, 10, ticks_per_s=100) == 5.0
     assert tree_cpu_seconds_of(stats, 11, ticks_per_s=100) == 3.0
     assert tree_cpu_seconds_of(stats, 99, ticks_per_s=100) == 0.0
+
+
+def test_tree_rss_sums_the_live_processes_of_the_tree():
+    stats = {
+        10: stat(10, 1, 0, 0, rss_pages=100),
+        11: stat(11, 10, 0, 0, rss_pages=50, name="engine) S 1 ("),
+        12: stat(12, 11, 0, 0, rss_pages=25),
+        20: stat(20, 1, 0, 0, rss_pages=1000),  # not in the tree
+    }
+    assert tree_rss_bytes_of(stats, 10, page_size=4096) == 175 * 4096
+    assert tree_rss_bytes_of(stats, 12, page_size=4096) == 25 * 4096
+    assert tree_rss_bytes_of(stats, 99, page_size=4096) == 0
 
 
 def sweep_point(server: str, model: str, callers: int, requests: int, p50_us: float, mode: str = "closed-unary",
@@ -230,7 +243,7 @@ def test_trtserve_tables_and_targets_leave_the_peer_out():
 
 def policy_point(policy: str, ok: int, late: int = 0, refused: int = 0, fraction: float = 0.8) -> Point:
     codes = ["OK"] * ok + ["DEADLINE_EXCEEDED"] * refused
-    return summarize(measurement(mode="policy", load=100.0, fraction=fraction, window_s=5.0, codes=codes,
+    return summarize(measurement(mode=OPEN_MODE, load=100.0, fraction=fraction, window_s=5.0, codes=codes,
                                  latency_us=np.full(len(codes), 20_000.0), late=late, deadline_us=90_000,
                                  policy=policy), 200.0)
 
@@ -264,6 +277,32 @@ def test_adaptive_against_the_best_fixed_timer_within_two_standard_errors():
     (target,) = policy_targets([*behind, *others])
     assert target.verdict == "MISS"
     (other_rate,) = policy_targets([policy_point("adaptive", ok=100, fraction=0.5), policy_point("fixed 2 ms", ok=200, fraction=0.5)])
-    assert other_rate.verdict == "INFO"
+    assert other_rate.verdict == "MISS" and other_rate.name.startswith("minilm open-stream 100/s (50%)")  # every row has the target
     table = format_policy_table([*steady, *others])
     assert "fixed 10 ms" in table and "102.0" in table and "100 / 104" in table and "18.4%" in table  # misses (125 + 105) / 1250
+
+
+def closed_policy_point(policy: str, callers: int, ok: int, model: str = "tiny") -> Point:
+    return summarize(measurement(model=model, mode=CLOSED_MODE, load=callers, window_s=1.0, codes=["OK"] * ok,
+                                 latency_us=np.full(ok, 5000.0), policy=policy), 200.0)
+
+
+def test_closed_loop_rows_of_the_policy_comparison_get_a_target_each():
+    points = [
+        closed_policy_point("adaptive", 16, 800), closed_policy_point("fixed 2 ms", 16, 1250),
+        closed_policy_point("adaptive", 16, 820), closed_policy_point("fixed 2 ms", 16, 1230),
+        closed_policy_point("adaptive", 64, 1240), closed_policy_point("fixed 2 ms", 64, 1250),
+        closed_policy_point("adaptive", 64, 1200), closed_policy_point("fixed 2 ms", 64, 1260),
+        policy_point("adaptive", ok=600), policy_point("fixed 2 ms", ok=600),  # an open-loop row of minilm
+    ]
+    targets = policy_targets(points)
+    assert [t.name for t in targets] == [
+        "tiny closed-unary c=16: adaptive >= best fixed timer within 2 s.e.",
+        "tiny closed-unary c=64: adaptive >= best fixed timer within 2 s.e.",
+        "minilm open-stream 100/s (80%): adaptive >= best fixed timer within 2 s.e.",
+    ]
+    assert [t.verdict for t in targets] == ["MISS", "PASS", "PASS"]
+    assert "(rounds 800 / 820 vs 1250 / 1230)" in targets[0].detail  # the rounds' spread beside the verdict
+    table = format_policy_table(points)
+    assert "closed-unary c=64" in table and "1220.0" in table and "1240 / 1200" in table
+    assert "minilm · adaptive vs fixed queue delay" in table and "open-stream 100/s (80%)" in table

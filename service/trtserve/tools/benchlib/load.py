@@ -8,12 +8,18 @@ Every point runs ``warmup_s`` unmeasured, then a window of ``duration_s``; the r
 *sent* (closed loop) or *scheduled* (open loop) inside the window are the point's sample,
 each followed to its answer after the window closes. Times are ``time.perf_counter()``
 seconds; latency runs from sending a request to its answer.
+
+A unary call carries a gRPC deadline: by default only :data:`CALL_TIMEOUT_S`, a safety net;
+the open loop's ``grpc_deadline`` gives each call its request's own deadline instead (as a
+client with an SLO would), so an answer that cannot come in time ends the call at that
+deadline on the client's side, DEADLINE_EXCEEDED.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import os
 import time
 from collections import deque
@@ -38,14 +44,19 @@ Drive = Callable[["Recorder", asyncio.Event], Awaitable[None]]
 class Recorder:
     """Per-request records of one point (appended on the event loop only; times in seconds)."""
 
+    keys: list[int] = field(default_factory=list)
     scheduled: list[float] = field(default_factory=list)
     sent: list[float] = field(default_factory=list)
     done: list[float] = field(default_factory=list)
     codes: list[str] = field(default_factory=list)
     late: list[bool] = field(default_factory=list)
+    window_end: float = math.inf
+    """The measuring window's end (set when it closes): the open loop sends every arrival
+    scheduled before it."""
 
-    def add(self, scheduled: float, sent: float, done: float, code: str, deadline_s: float | None) -> None:
-        """One answer; it is late if OK but more than ``deadline_s`` after it was sent."""
+    def add(self, key: int, scheduled: float, sent: float, done: float, code: str, deadline_s: float | None) -> None:
+        """One answer to message ``key``; it is late if OK but more than ``deadline_s`` after it was sent."""
+        self.keys.append(key)
         self.scheduled.append(scheduled)
         self.sent.append(sent)
         self.done.append(done)
@@ -59,20 +70,29 @@ class Window:
 
     Attributes:
         seconds: window length.
+        keys: per request, the index of the message it sent in the point's ``messages``
+            (open-loop unary: arrival k sends message k mod len(messages), so with one
+            message per arrival the key is the arrival), in the order of the other arrays.
         latency_us: per request, send → answer in microseconds.
         codes: per request, gRPC status name.
-        late: OK answers after their deadline.
+        late_mask: per request, True for an OK answer after its deadline.
         send_lag_us: per request, send − scheduled arrival in microseconds.
         before, after: counters at the window's start and after its last answer.
     """
 
     seconds: float
+    keys: np.ndarray
     latency_us: np.ndarray
     codes: tuple[str, ...]
-    late: int
+    late_mask: np.ndarray
     send_lag_us: np.ndarray
     before: Snapshot
     after: Snapshot
+
+    @property
+    def late(self) -> int:
+        """OK answers after their deadline."""
+        return int(self.late_mask.sum())
 
 
 def open_channels(url: str, count: int, options: Sequence[tuple[str, object]]) -> list[grpc.aio.Channel]:
@@ -94,14 +114,18 @@ def _stream_code(response: pb.ModelStreamInferResponse) -> str:
     return params["error_code"].string_param if "error_code" in params else "UNKNOWN"
 
 
-async def _on_schedule(arrivals: np.ndarray, stop: asyncio.Event) -> AsyncIterator[tuple[int, float]]:
-    """Yield ``(k, scheduled time)`` at each of ``arrivals`` (seconds from now), until ``stop``."""
+async def _on_schedule(arrivals: np.ndarray, stop: asyncio.Event, recorder: Recorder) -> AsyncIterator[tuple[int, float]]:
+    """Yield ``(k, scheduled time)`` at each of ``arrivals`` (seconds from now), until ``stop``
+    is set; then still every arrival scheduled before ``recorder.window_end``. A generator that
+    has fallen behind its schedule (the client's CPU is the limit) so still sends the whole
+    window's sample, late, and its send lag shows by how much, instead of a window with the
+    requests it did not reach left out."""
     base = time.perf_counter()
     for k, offset in enumerate(arrivals):
-        delay = base + offset - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if stop.is_set():
+        # Behind schedule the sleep is 0, which still lets the loop run the calls already sent
+        # (and the window's clock): a generator that never yielded would queue the whole trace.
+        await asyncio.sleep(max(base + offset - time.perf_counter(), 0.0))
+        if stop.is_set() and base + offset >= recorder.window_end:
             return
         yield k, base + offset
 
@@ -117,11 +141,14 @@ class LoadGenerator:
         channels: ``grpc.aio`` channels to the server, each its own connection (see
             :func:`open_channels`).
         server_cpu_s: reads the server's CPU seconds (its whole process tree).
+        server_rss_mib: reads the server's resident memory in MiB (its whole process tree);
+            None: not read (snapshots carry None).
         warmup_s: unmeasured seconds at the start of each point.
         duration_s: seconds of each point's measuring window.
     """
 
-    def __init__(self, channels: Sequence[grpc.aio.Channel], server_cpu_s: Callable[[], float], warmup_s: float, duration_s: float) -> None:
+    def __init__(self, channels: Sequence[grpc.aio.Channel], server_cpu_s: Callable[[], float], warmup_s: float, duration_s: float,
+                 server_rss_mib: Callable[[], float] | None = None) -> None:
         if not channels:
             raise ValueError("a load generator needs at least one channel")
         channel = channels[0]
@@ -138,6 +165,7 @@ class LoadGenerator:
             response_deserializer=pb.ModelReadyResponse.FromString,
         )
         self._server_cpu_s = server_cpu_s
+        self._server_rss_mib = server_rss_mib
         self.warmup_s = warmup_s
         self.duration_s = duration_s
 
@@ -166,7 +194,8 @@ class LoadGenerator:
         return response.ready
 
     async def snapshot(self, model: str) -> Snapshot:
-        """CPU seconds of both processes and the model's ModelStatistics counters, now."""
+        """CPU seconds of both processes, the server's resident memory and the model's
+        ModelStatistics counters, now."""
         response = await self._statistics(pb.ModelStatisticsRequest(name=model))
         stats = response.model_stats[0]
         own = os.times()
@@ -176,12 +205,14 @@ class LoadGenerator:
             inference_count=stats.inference_count,
             execution_count=stats.execution_count,
             batches={b.batch_size: b.compute_infer.count for b in stats.batch_stats},
+            server_rss_mib=self._server_rss_mib() if self._server_rss_mib is not None else None,
         )
 
-    async def _unary(self, message: bytes, k: int) -> str:
-        """Send ``message`` on channel ``k mod connections``; its status name."""
+    async def _unary(self, message: bytes, k: int, timeout_s: float = CALL_TIMEOUT_S) -> str:
+        """Send ``message`` on channel ``k mod connections`` with a gRPC deadline of
+        ``timeout_s`` seconds; its status name."""
         try:
-            await self._infers[k % len(self._infers)](message, timeout=CALL_TIMEOUT_S)
+            await self._infers[k % len(self._infers)](message, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             return exc.code().name
         return "OK"
@@ -195,7 +226,7 @@ class LoadGenerator:
             before = await self.snapshot(model)
             start = time.perf_counter()
             await asyncio.sleep(self.duration_s)
-            end = time.perf_counter()
+            end = recorder.window_end = time.perf_counter()
             stop.set()
             await task
         finally:
@@ -206,9 +237,10 @@ class LoadGenerator:
         sent, done = np.asarray(recorder.sent)[keep], np.asarray(recorder.done)[keep]
         return Window(
             seconds=end - start,
+            keys=np.asarray(recorder.keys, dtype=np.int64)[keep],
             latency_us=(done - sent) * 1e6,
             codes=tuple(np.asarray(recorder.codes, dtype=object)[keep]),
-            late=int(np.asarray(recorder.late, dtype=bool)[keep].sum()),
+            late_mask=np.asarray(recorder.late, dtype=bool)[keep],
             send_lag_us=(sent - scheduled[keep]) * 1e6,
             before=before,
             after=after,
@@ -220,11 +252,11 @@ class LoadGenerator:
         async def caller(first: int, recorder: Recorder, stop: asyncio.Event) -> None:
             i = first
             while not stop.is_set():
-                message = messages[i % len(messages)]
+                key = i % len(messages)
                 i += concurrency
                 sent = time.perf_counter()
-                code = await self._unary(message, first)
-                recorder.add(sent, sent, time.perf_counter(), code, None)
+                code = await self._unary(messages[key], first)
+                recorder.add(key, sent, sent, time.perf_counter(), code, None)
 
         async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
             await asyncio.gather(*(caller(k, recorder, stop) for k in range(concurrency)))
@@ -256,7 +288,7 @@ class LoadGenerator:
                 if response is grpc.aio.EOF:
                     raise RuntimeError("the server closed the stream with requests unanswered")
                 i = int(response.infer_response.id)
-                recorder.add(sent_at[i], sent_at[i], time.perf_counter(), _stream_code(response), None)
+                recorder.add(i, sent_at[i], sent_at[i], time.perf_counter(), _stream_code(response), None)
                 free.append(i)
                 inflight -= 1
                 if not stop.is_set():
@@ -267,19 +299,27 @@ class LoadGenerator:
 
         return await self._measure(model, drive)
 
-    async def open_unary(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray, deadline_s: float) -> Window:
+    async def open_unary(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray, deadline_s: float | Sequence[float],
+                         *, grpc_deadline: bool = False) -> Window:
         """A ModelInfer at each of ``arrivals`` (seconds from the start, Poisson), each its
-        own call, whether or not earlier ones were answered."""
+        own call, whether or not earlier ones were answered. Arrival k sends message
+        ``k mod len(messages)``, whose deadline is ``deadline_s`` (seconds; one for all, or one
+        per message, in the order of ``messages``); with ``grpc_deadline`` the call's gRPC
+        deadline is that deadline too."""
+        deadlines = [float(deadline_s)] * len(messages) if isinstance(deadline_s, (int, float)) else [float(d) for d in deadline_s]
+        if len(deadlines) != len(messages):
+            raise ValueError(f"{len(messages)} messages need as many deadlines, got {len(deadlines)}")
 
         async def one(k: int, scheduled: float, recorder: Recorder) -> None:
+            key = k % len(messages)
             sent = time.perf_counter()
-            code = await self._unary(messages[k % len(messages)], k)
-            recorder.add(scheduled, sent, time.perf_counter(), code, deadline_s)
+            code = await self._unary(messages[key], k, deadlines[key] if grpc_deadline else CALL_TIMEOUT_S)
+            recorder.add(key, scheduled, sent, time.perf_counter(), code, deadlines[key])
 
         async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
             calls = [
                 asyncio.ensure_future(one(k, at, recorder))
-                async for k, at in _on_schedule(arrivals, stop)
+                async for k, at in _on_schedule(arrivals, stop, recorder)
             ]
             await asyncio.gather(*calls)
 
@@ -299,11 +339,11 @@ class LoadGenerator:
             async def read() -> None:
                 while (response := await call.read()) is not grpc.aio.EOF:
                     k = int(response.infer_response.id)
-                    recorder.add(scheduled[k], sent[k], time.perf_counter(), _stream_code(response), deadline_s)
+                    recorder.add(k, scheduled[k], sent[k], time.perf_counter(), _stream_code(response), deadline_s)
 
             reader = asyncio.ensure_future(read())
             try:
-                async for k, at in _on_schedule(arrivals, stop):
+                async for k, at in _on_schedule(arrivals, stop, recorder):
                     scheduled[k], sent[k] = at, time.perf_counter()
                     await call.write(messages[k])
                 await call.done_writing()

@@ -75,3 +75,26 @@ def plot_batches(model: str, points: Sequence[Point], max_batch_size: int, path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_overload(model: str, points: Sequence[Point], path: Path) -> None:
+    """Overload sweep: goodput (answers OK within their deadline per second) against offered
+    requests per second, one line per policy, beside the ideal (every offered request in time)."""
+    sweeps: dict[str, list[Point]] = {}
+    for p in points:
+        if p.classes:
+            sweeps.setdefault(p.policy or "-", []).append(p)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    top = max(p.load for p in points)
+    ax.plot([0, top], [0, top], color="grey", linestyle=":", label="every request in time")
+    for policy, sweep in sweeps.items():
+        sweep = sorted(sweep, key=lambda p: p.load)
+        ax.plot([p.load for p in sweep], [p.classes[0].goodput for p in sweep], "o-", label=policy)
+    ax.set_title(f"{model} · overload, deadline {points[0].classes[0].deadline_ms:.1f} ms")
+    ax.set_xlabel("offered requests/s")
+    ax.set_ylabel("goodput (OK within deadline)/s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

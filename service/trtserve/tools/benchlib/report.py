@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .deadlines import DeadlineClass
+
 MODES = ("closed-unary", "closed-stream", "open-unary", "open-stream")
 """Sweep kinds: closed loop (a fixed number of callers, each sending its next request when
 the last is answered) or open loop (Poisson arrivals at a fixed rate, each request with a
@@ -43,6 +45,7 @@ class Snapshot:
         inference_count: rows the model has run (ModelStatistics ``inference_count``).
         execution_count: engine runs (ModelStatistics ``execution_count``).
         batches: batch size in rows → engine runs at that size (``batch_stats``).
+        server_rss_mib: resident memory of the server's process tree in MiB (None: not read).
     """
 
     server_cpu_s: float
@@ -50,6 +53,7 @@ class Snapshot:
     inference_count: int
     execution_count: int
     batches: Mapping[int, int]
+    server_rss_mib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class Measurement:
         policy: the dispatch policy the server ran (policy comparison points); else None.
         server: which server was driven: :data:`SERVER` or a peer (``"triton"``).
         connections: client connections (gRPC channels) the unary calls were spread over.
+        classes: the requests by deadline class (overload and mixed modes); else empty.
     """
 
     model: str
@@ -91,6 +96,7 @@ class Measurement:
     policy: str | None = None
     server: str = SERVER
     connections: int = 1
+    classes: tuple[DeadlineClass, ...] = ()
 
 
 def percentiles_ms(latency_us: np.ndarray, qs: Sequence[float] = PERCENTILES) -> dict[int | float, float | None]:
@@ -195,7 +201,9 @@ class Point:
             of the server and of the bench process.
         send_lag_p99_ms: open loop: p99 of how late the generator sent a request after its
             scheduled arrival (ms); None for the closed loop.
-        policy, server, connections: as in :class:`Measurement`.
+        policy, server, connections, classes: as in :class:`Measurement`.
+        rss_start_mib, rss_end_mib: the server tree's resident memory (MiB) at the start of
+            the window and after its last answer; None where not read.
     """
 
     model: str
@@ -223,6 +231,9 @@ class Point:
     policy: str | None = None
     server: str = SERVER
     connections: int = 1
+    rss_start_mib: float | None = None
+    rss_end_mib: float | None = None
+    classes: tuple[DeadlineClass, ...] = ()
 
 
 def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
@@ -267,6 +278,9 @@ def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
         policy=m.policy,
         server=m.server,
         connections=m.connections,
+        rss_start_mib=m.before.server_rss_mib,
+        rss_end_mib=m.after.server_rss_mib,
+        classes=m.classes,
     )
 
 
