@@ -484,6 +484,14 @@ class Repository:
                 del self._files[key]
             self._changed()
 
+    def forget(self, name: str) -> None:
+        """Drop ``name`` from the table (after :meth:`unload`): its directory is gone, so
+        requests for it are NOT_FOUND, as for any unknown model."""
+        entry = self.models.get(name)
+        if entry is not None and not entry.versions:
+            del self.models[name]
+            self._changed()
+
     async def _start(self, spec: ModelSpec) -> EngineModel:
         backend = await asyncio.to_thread(self.backend_factory, spec)
         try:

@@ -5,8 +5,9 @@ mode           what is loaded
 =============  ==================================================================================
 ``none``       every model of the repository, once at start; RepositoryModelLoad/Unload refused
 ``poll``       every model at start, then the repository is scanned every ``poll_secs``: a new
-               model directory is loaded, a removed one unloaded, a changed one (config, files,
-               a version directory added or removed) reloaded; RepositoryModelLoad/Unload refused
+               model directory is loaded, a removed one unloaded (and forgotten: NOT_FOUND), a
+               changed one (config, files, a version directory added or removed) reloaded;
+               RepositoryModelLoad/Unload refused
 ``explicit``   at start only the ``load_models`` (``*``: all); then RepositoryModelLoad and
                RepositoryModelUnload decide
 =============  ==================================================================================
@@ -182,6 +183,7 @@ class ModelLifecycle:
             del self._seen[name]
             log.info("poll: model %s is gone from the repository: unloading", name)
             await self.repository.unload(name)
+            self.repository.forget(name)
         for name, files in now.items():
             if self._seen.get(name) != files:
                 self._seen[name] = files
