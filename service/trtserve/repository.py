@@ -440,16 +440,17 @@ class Repository:
                 entry.state, entry.reason = ModelState.LOADING, ""
                 self._changed()
             built: list[EngineModel] = []
+            files_of: dict[tuple[str, str], tuple[object, ...]] = {}
             try:
                 versions: dict[str, EngineModel] = {}
                 for spec in await asyncio.to_thread(load_specs, self.root / name, config):
-                    files = (spec.config.SerializeToString(deterministic=True),
-                             fingerprint(spec.model_dir, skip_versions=True), fingerprint(spec.version_dir))
+                    key = (name, spec.version)
+                    files_of[key] = (spec.config.SerializeToString(deterministic=True),
+                                     fingerprint(spec.model_dir, skip_versions=True), fingerprint(spec.version_dir))
                     kept = entry.versions.get(spec.version)
-                    if kept is None or self._files.get((name, spec.version)) != files:
+                    if kept is None or self._files.get(key) != files_of[key]:
                         kept = await self._start(spec)
                         built.append(kept)
-                        self._files[(name, spec.version)] = files
                     versions[spec.version] = kept
             except Exception as exc:  # this model stays as it was, or unavailable; never the server
                 reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
@@ -460,6 +461,7 @@ class Repository:
                 log.error("model %s failed to %s: %s", name, "reload" if serving else "load", reason)
                 return reason
             retired = [m for v, m in entry.versions.items() if versions.get(v) is not m]
+            self._files = {**{k: v for k, v in self._files.items() if k[0] != name}, **files_of}
             entry.versions, entry.state, entry.reason = versions, ModelState.READY, ""
             self._changed()
             log.info("model %s version(s) %s ready", name, ", ".join(versions))
@@ -480,8 +482,7 @@ class Repository:
             retired, entry.versions = list(entry.versions.values()), {}
             await self._retire(retired)
             entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
-            for key in [k for k in self._files if k[0] == name]:
-                del self._files[key]
+            self._files = {k: v for k, v in self._files.items() if k[0] != name}
             self._changed()
 
     def forget(self, name: str) -> None:

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tc
 from tritonclient.utils import InferenceServerException
-
 from trtserve.tools.process import ServerProcess
 
 

@@ -8,23 +8,27 @@ index, a version answering), with a generous limit, never on a fixed time.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request
 from trtserve.engine.lifecycle import ControlMode, LifecycleConfig
 from trtserve.repository import ConfigError, load_specs
 
 ROWS = np.ones((1, 64), np.float32)
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 WAIT_S = 60.0
 
 
@@ -68,10 +72,10 @@ def wait_for(predicate, what: str) -> None:
         time.sleep(0.05)
 
 
-def load(client: Client, model: str, **parameters: str) -> None:
+def load(client: Client, model: str, parameters: dict[str, str] | None = None) -> None:
     request = pb.RepositoryModelLoadRequest(model_name=model)
-    for key, value in parameters.items():
-        request.parameters[key.replace("__", ":")].string_param = value
+    for key, value in (parameters or {}).items():
+        request.parameters[key].string_param = value
     client.stub.RepositoryModelLoad(request, timeout=120)
 
 
@@ -158,25 +162,25 @@ def test_explicit_mode_loads_only_what_is_asked_then_load_and_unload(tmp_path, e
 def test_load_with_a_config_override_is_honoured_or_refused(tmp_path, engines, make_server):
     make_repo(tmp_path, engines, {"tiny": [1]})
     srv = make_server(tmp_path, lifecycle=EXPLICIT)
-    config = json.loads(json.dumps({
+    config = {
         "name": "tiny", "platform": "onnxruntime_onnx", "max_batch_size": 8,
         "input": [{"name": "INPUT", "data_type": "TYPE_FP32", "dims": [64]}],
         "output": [{"name": "OUTPUT", "data_type": "TYPE_FP32", "dims": [16]}],
-    }))
+    }
     with srv.client() as c:
-        load(c, "tiny", config=json.dumps(config))
+        load(c, "tiny", {"config": json.dumps(config)})
         assert c.stub.ModelConfig(pb.ModelConfigRequest(name="tiny")).config.max_batch_size == 8
         assert srv.repository.get("tiny").dispatcher.policy.max_batch_size == 8
         refused = {
-            "unsupported field": (dict(config=json.dumps({**config, "sequence_batching": {}})),
+            "unsupported field": ({"config": json.dumps({**config, "sequence_batching": {}})},
                                   grpc.StatusCode.INVALID_ARGUMENT, "sequence_batching"),
-            "not JSON": (dict(config="max_batch_size: 4"), grpc.StatusCode.INVALID_ARGUMENT, "not a model config"),
-            "file override": (dict(file__1_model_onnx="x"), grpc.StatusCode.UNIMPLEMENTED, "repository only"),
-            "unknown parameter": (dict(colour="red"), grpc.StatusCode.INVALID_ARGUMENT, "no parameter 'colour'"),
+            "not JSON": ({"config": "max_batch_size: 4"}, grpc.StatusCode.INVALID_ARGUMENT, "not a model config"),
+            "file override": ({"file:1/model.onnx": "x"}, grpc.StatusCode.UNIMPLEMENTED, "repository only"),
+            "unknown parameter": ({"colour": "red"}, grpc.StatusCode.INVALID_ARGUMENT, "no parameter 'colour'"),
         }
         for case, (parameters, code, words) in refused.items():
             with pytest.raises(grpc.RpcError) as err:
-                load(c, "tiny", **parameters)
+                load(c, "tiny", parameters)
             assert (err.value.code(), words in err.value.details()) == (code, True), case
         # A failed reload leaves the served model as it was.
         assert c.stub.ModelConfig(pb.ModelConfigRequest(name="tiny")).config.max_batch_size == 8
@@ -207,7 +211,7 @@ def test_poll_mode_picks_up_an_added_version_and_a_removed_model(tmp_path, engin
         wait_for(lambda: infer(c).model_version == "2", "tiny version 2 served")
         assert set(index(c)) == {("tiny", "2"), ("identity_fp32", "1")}  # latest 1: version 1 retired
         shutil.rmtree(tmp_path / "identity_fp32")
-        wait_for(lambda: ("identity_fp32", "1") not in index(c), "identity_fp32 gone")
+        wait_for(lambda: all(name != "identity_fp32" for name, _v in index(c)), "identity_fp32 gone")
         with pytest.raises(grpc.RpcError) as err:
             c.infer("identity_fp32", {"INPUT0": np.ones((1, 4), np.float32)})
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -227,7 +231,7 @@ class SteadyClients:
         self.errors: list[str] = []
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
 
-    def __enter__(self) -> SteadyClients:
+    def __enter__(self) -> Self:
         for t in self._threads:
             t.start()
         return self
@@ -268,7 +272,7 @@ def test_reload_under_steady_load_fails_nothing_and_switches_once(tmp_path, engi
     assert clients.errors == []
     for number in range(4):
         versions = [v for n, v, _s in clients.results if n == number]
-        switches = sum(1 for a, b in zip(versions, versions[1:]) if a != b)
+        switches = sum(1 for a, b in itertools.pairwise(versions) if a != b)
         assert (versions[0], versions[-1], switches) == ("1", "2", 1), f"client {number}"
     assert srv.repository.models["tiny"].versions.keys() == {"2"}
     gap = max(s for _n, _v, s in clients.results)
@@ -365,3 +369,29 @@ def test_unload_returns_the_memory_of_the_model(tmp_path, engines, make_server):
     grown = loaded - before
     assert grown > 40 * mib, f"loading MiniLM grew the RSS by only {grown / mib:.0f} MiB"
     assert after - before < 0.5 * grown, (before / mib, loaded / mib, after / mib)
+
+
+# -- flags --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, words", [
+    (["--load-model", "tiny"], "--load-model needs --model-control-mode explicit"),
+    (["--model-control-mode", "explicit", "--load-model", "nosuch"], "--load-model nosuch: no such model"),
+    (["--repository-poll-secs", "5"], "--repository-poll-secs needs --model-control-mode poll"),
+    (["--model-control-mode", "poll", "--repository-poll-secs", "0"], "must be a number of seconds > 0"),
+])
+def test_lifecycle_flags_that_cannot_be_honoured_are_refused_at_start(tmp_path, engines, capsys, flags, words):
+    from trtserve.cli import main
+
+    make_repo(tmp_path, engines, {"tiny": [1]})
+    assert main(["serve", "--model-repository", str(tmp_path), "--port", "0", *flags]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_strict_readiness_flag_takes_true_or_false(engines):
+    from trtserve.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["serve", "--strict-readiness", "false"]).strict_readiness is False
+    assert parse(["serve"]).strict_readiness is True
+    with pytest.raises(SystemExit):
+        parse(["serve", "--strict-readiness", "maybe"])
