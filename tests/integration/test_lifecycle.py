@@ -395,3 +395,22 @@ def test_strict_readiness_flag_takes_true_or_false(engines):
     assert parse(["serve"]).strict_readiness is True
     with pytest.raises(SystemExit):
         parse(["serve", "--strict-readiness", "maybe"])
+
+
+def test_one_process_server_loads_and_unloads_too(tmp_path, engines):
+    """``trtserve serve --frontends 1`` (the default on 2 cores): the front end calls the
+    engine core in its own process, and follows its table the same way."""
+    from trtserve.tools.process import ServerProcess
+
+    make_repo(tmp_path, engines, {"tiny": [1], "identity_fp32": [1]})
+    flags = ("--frontends", "1", "--model-control-mode", "explicit", "--load-model", "tiny")
+    with ServerProcess(tmp_path, *flags) as server, Client(server.url) as c:
+        load(c, "identity_fp32")
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"], x)
+        add_version(tmp_path, "tiny", 2)
+        load(c, "tiny")
+        assert infer(c).model_version == "2"
+        unload(c, "identity_fp32")
+        assert index(c) == {("tiny", "2"): ("READY", ""), ("identity_fp32", ""): ("UNAVAILABLE", "unloaded")}
+        assert c.is_ready()
