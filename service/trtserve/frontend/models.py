@@ -105,8 +105,8 @@ class ModelTable:
             served = ", ".join(s.version for s in info.specs)
             raise ModelNotFound(f"model '{name}' has no version '{version}' (serving version(s) {served})")
         model = self.versions.get(name, {}).get(wanted)
-        if model is None or model.spec != spec:  # the table is newer than what is built: build it now
-            await self.refresh()
+        if (model is None or model.spec != spec) and name not in self.unavailable:
+            await self.refresh()  # the table is newer than what is built: build it now (a failed handler is retried on the next table)
             model = self.versions.get(name, {}).get(wanted)
         if model is None:
             why = self.unavailable.get(name, "it is not built in this front end")
