@@ -220,11 +220,12 @@ def fingerprint(directory: Path, *, skip_versions: bool = False) -> tuple[tuple[
     """(relative path, size, mtime in ns) of every file under ``directory``, sorted: what
     poll mode compares between scans, and what tells a reload whether a version's files
     changed. ``skip_versions`` leaves out the numeric version directories (the model's own
-    files: config, handler)."""
+    files: config, handler). Hidden entries (``.name``) are left out: a directory being
+    copied in as ``.2`` before its rename to ``2`` is not a change yet."""
     out = []
     for p in sorted(directory.rglob("*")):
         rel = p.relative_to(directory)
-        if skip_versions and rel.parts[0].isdigit():
+        if (skip_versions and rel.parts[0].isdigit()) or any(part.startswith(".") for part in rel.parts):
             continue
         try:
             st = p.stat()

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request
 from trtserve.engine.lifecycle import ControlMode, LifecycleConfig
-from trtserve.repository import ConfigError, load_specs
+from trtserve.repository import ConfigError, fingerprint, load_specs
 
 ROWS = np.ones((1, 64), np.float32)
 if TYPE_CHECKING:
@@ -128,6 +128,17 @@ def test_several_versions_serve_at_once_each_answering_as_itself(tmp_path, engin
         assert set(index(c)) == {("tiny", "2"), ("tiny", "3")}
     dispatchers = {m.dispatcher for m in srv.repository.models["tiny"].versions.values()}
     assert len(dispatchers) == 2  # each version its own dispatcher and slots
+
+
+def test_a_version_being_copied_in_under_a_hidden_name_is_not_a_change(tmp_path, engines):
+    make_repo(tmp_path, engines, {"tiny": [1]})
+    model = tmp_path / "tiny"
+    before = fingerprint(model)
+    shutil.copytree(model / "1", model / ".2")
+    assert fingerprint(model) == before
+    (model / ".2").rename(model / "2")
+    assert fingerprint(model) != before
+    assert [path for path, _size, _mtime in fingerprint(model, skip_versions=True)] == ["config.pbtxt"]
 
 
 # -- model control modes --------------------------------------------------------------------
