@@ -107,7 +107,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
                             "--repository-poll-secs; explicit: RepositoryModelLoad/Unload decide (default: none)")
     serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
                        help="explicit mode: a model to load at start (repeatable; '*' for every model)")
-    serve.add_argument("--repository-poll-secs", type=float, default=None,
+    serve.add_argument("--repository-poll-secs", type=float, default=None, metavar="SECONDS",
                        help=f"poll mode: seconds between scans of the repository (default: {DEFAULT_POLL_SECS:g})")
     serve.add_argument("--strict-readiness", type=_boolean, default=True, metavar="true|false",
                        help="true: ServerReady and health wait for every model asked for; false: for the server to "
