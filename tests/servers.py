@@ -23,6 +23,7 @@ from trtserve import runtimes
 from trtserve.client import Client
 from trtserve.clock import MonotonicClock
 from trtserve.engine.core import EngineCore
+from trtserve.engine.lifecycle import LifecycleConfig
 from trtserve.frontend.engine_client import EngineClient
 from trtserve.frontend.lifecycle import drain
 from trtserve.frontend.server import start_frontend
@@ -37,11 +38,14 @@ class ServerThread:
     Args:
         frontends: front ends sharing the port.
         metrics_port: the engine core's Prometheus endpoint (0: ephemeral; None: off).
+        lifecycle: model control mode and readiness (``trtserve.engine.lifecycle``; default none, strict).
         server_kw: the front ends' options (``start_frontend``).
     """
 
-    def __init__(self, root: Path, frontends: int = 2, metrics_port: int | None = None, **server_kw) -> None:
+    def __init__(self, root: Path, frontends: int = 2, metrics_port: int | None = None,
+                 lifecycle: LifecycleConfig | None = None, **server_kw) -> None:
         self.root = Path(root)
+        self.lifecycle = lifecycle
         self.frontends = frontends
         self._metrics_port = metrics_port
         self.server_kw = server_kw
@@ -92,7 +96,7 @@ class ServerThread:
         self.repository = Repository(self.root, clock=clock, backend_factory=partial(runtimes.create))
         self._dir = tempfile.mkdtemp(prefix="trtserve-test-")
         address = f"ipc://{self._dir}/engine.sock"
-        self.core = EngineCore(self.repository, address, metrics_port=self._metrics_port)
+        self.core = EngineCore(self.repository, address, metrics_port=self._metrics_port, lifecycle=self.lifecycle)
         await self.core.start()
         await self.core.load()
         self.servers, self.services, self.engines = [], [], []

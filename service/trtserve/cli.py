@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from .client import AUTH_TOKEN_ENV, read_token_file
+from .engine.lifecycle import DEFAULT_POLL_SECS, ControlMode, LifecycleConfig
 from .frontend.service import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT
 
 log = logging.getLogger("trtserve")
@@ -45,8 +46,18 @@ def _env_defaults(parser: argparse.ArgumentParser) -> None:
             if value.strip().lower() not in _TRUE | _FALSE:
                 parser.error(f"{name}={value!r}: expected one of 1/0, true/false, yes/no, on/off")
             action.default = action.const if value.strip().lower() in _TRUE else action.default
+        elif isinstance(action, argparse._AppendAction):  # repeatable: comma-separated in the variable
+            action.default = [v.strip() for v in value.split(",") if v.strip()]
         else:
             action.default = value
+
+
+def _boolean(text: str) -> bool:
+    """``true``/``false`` (and 1/0, yes/no, on/off) as a flag value."""
+    value = text.strip().lower()
+    if value not in _TRUE | _FALSE or not value:
+        raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+    return value in _TRUE
 
 
 def _add_repository(p: argparse.ArgumentParser) -> None:
@@ -91,6 +102,16 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
                        help=f"require 'authorization: Bearer <token>' with the token in this file (else ${AUTH_TOKEN_ENV}, if set)")
     serve.add_argument("--auth-health", action="store_true",
                        help="require the token for health checking and reflection too (default: they stay open)")
+    serve.add_argument("--model-control-mode", choices=[m.value for m in ControlMode], default=ControlMode.NONE.value,
+                       help="none: every model loaded at start, no changes; poll: the repository is rescanned every "
+                            "--repository-poll-secs; explicit: RepositoryModelLoad/Unload decide (default: none)")
+    serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                       help="explicit mode: a model to load at start (repeatable; '*' for every model)")
+    serve.add_argument("--repository-poll-secs", type=float, default=None, metavar="SECONDS",
+                       help=f"poll mode: seconds between scans of the repository (default: {DEFAULT_POLL_SECS:g})")
+    serve.add_argument("--strict-readiness", type=_boolean, default=True, metavar="true|false",
+                       help="true: ServerReady and health wait for every model asked for; false: for the server to "
+                            "be up and answering (default: true)")
 
     for name, help_text in TOOLS.items():
         tool = sub.add_parser(name, help=help_text)
@@ -155,6 +176,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     frontends, os.cpu_count() or 1)
     try:
         security = _security(args)
+        lifecycle = _lifecycle(args)
     except ValueError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)
         return 2
@@ -178,8 +200,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         log_format=args.log_format,
         log_requests=args.log_requests,
+        lifecycle=lifecycle,
     )
     return serve(config)
+
+
+def _lifecycle(args: argparse.Namespace) -> LifecycleConfig:
+    """The model control settings from the flags.
+
+    Raises:
+        ValueError: ``--load-model`` outside explicit mode or naming no model of the
+            repository, ``--repository-poll-secs`` outside poll mode or not > 0.
+    """
+    from .repository import model_dirs
+
+    mode = ControlMode(args.model_control_mode)
+    if args.repository_poll_secs is not None and mode is not ControlMode.POLL:
+        raise ValueError(f"--repository-poll-secs needs --model-control-mode poll (the mode is {mode.value})")
+    found = model_dirs(args.model_repository)
+    unknown = [name for name in args.load_model if name != "*" and name not in found]
+    if unknown:
+        raise ValueError(f"--load-model {', '.join(unknown)}: no such model in {args.model_repository} "
+                         f"(it has {', '.join(found)})")
+    return LifecycleConfig(
+        mode=mode,
+        load_models=tuple(args.load_model),
+        poll_secs=DEFAULT_POLL_SECS if args.repository_poll_secs is None else args.repository_poll_secs,
+        strict_readiness=args.strict_readiness,
+    )
 
 
 def _security(args: argparse.Namespace) -> dict[str, object]:

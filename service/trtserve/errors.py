@@ -15,6 +15,7 @@ status codes in one table (:data:`trtserve.server.STATUS_FOR`). Nothing else imp
     └── Retryable            (retry later, elsewhere or after backoff)
         ├── QueueFull        RESOURCE_EXHAUSTED  the model's queue is at max_queue_size
         ├── ModelNotReady    UNAVAILABLE         loading, failed to load, or unloading
+        ├── ModelControlDisabled  UNAVAILABLE    load/unload asked for outside explicit mode
         └── ShuttingDown     UNAVAILABLE         the server is draining
 
 Triton answers UNAVAILABLE for a full queue and for an expired request; trtserve uses the
@@ -70,6 +71,11 @@ class ModelNotReady(Retryable):
     """The model exists but cannot serve now (loading, failed to load with a reason, or unloading)."""
 
 
+class ModelControlDisabled(Retryable):
+    """RepositoryModelLoad/Unload while the model control mode is ``none`` or ``poll`` (Triton
+    answers UNAVAILABLE too); the message names the mode."""
+
+
 class ShuttingDown(Retryable):
     """The server is draining: requests accepted earlier finish, new ones are refused."""
 
@@ -77,6 +83,7 @@ class ShuttingDown(Retryable):
 __all__ = [
     "BackendError",
     "InvalidRequest",
+    "ModelControlDisabled",
     "ModelNotFound",
     "ModelNotReady",
     "QueueFull",

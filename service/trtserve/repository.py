@@ -1,20 +1,24 @@
 """The model repository: ``engines/<model>/config.pbtxt`` + ``<version>/model.*`` (Triton's layout).
 
-:func:`load_spec` parses one model's ``config.pbtxt`` (protobuf text format) into the
-project's ``inference.ModelConfig`` message and validates it into an immutable
-:class:`~trtserve.spec.ModelSpec`. :class:`Repository` loads every model it finds; a model
+:func:`load_specs` parses one model's ``config.pbtxt`` (protobuf text format) into the
+project's ``inference.ModelConfig`` message and validates it into one immutable
+:class:`~trtserve.spec.ModelSpec` per version served (``version_policy``). :class:`Repository` loads every model it finds; a model
 whose config or file is broken is kept as *unavailable* with the reason (reported by
-ModelReady, ModelMetadata and RepositoryIndex) while the other models serve.
+ModelReady, ModelMetadata and RepositoryIndex) while the other models serve. Which models are
+loaded when (model control modes, polling) is :mod:`trtserve.engine.lifecycle`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import enum
+import gc
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -57,10 +61,11 @@ HONOURED_FIELDS = frozenset({
     "dynamic_batching.preferred_batch_size", "dynamic_batching.max_queue_delay_microseconds",
     "dynamic_batching.priority_levels", "dynamic_batching.default_priority_level",
     "dynamic_batching.default_queue_policy", "dynamic_batching.priority_queue_policy",
-    "version_policy.latest.num_versions",
+    "version_policy.latest.num_versions", "version_policy.all", "version_policy.specific.versions",
 })
 # Messages whose presence alone means something (``dynamic_batching { }``, ``latest { }``).
-HONOURED_CONTAINERS = frozenset({"input", "output", "instance_group", "dynamic_batching", "version_policy", "version_policy.latest"})
+HONOURED_CONTAINERS = frozenset({"input", "output", "instance_group", "dynamic_batching", "version_policy", "version_policy.latest",
+                                 "version_policy.specific"})
 # The ``parameters`` keys trtserve itself reads (repository, dispatcher, runtimes, warm-up).
 # Any other key is for the model's own code: a handler or a Python model reads it from
 # ``spec.parameters``; a model with neither would ignore it, so it is refused.
@@ -73,7 +78,7 @@ SERVER_PARAMETERS = frozenset({
 
 def unsupported_fields(message: object, prefix: str = "") -> list[str]:
     """The fields set in a ``ModelConfig`` (or one of its parts) that trtserve does not act
-    on, as dotted paths (``optimization``, ``input.reshape``, ``version_policy.all``)."""
+    on, as dotted paths (``optimization``, ``input.reshape``, ``sequence_batching``)."""
     out: list[str] = []
     for field, value in message.ListFields():  # type: ignore[attr-defined]
         path = f"{prefix}{field.name}"
@@ -88,41 +93,94 @@ def unsupported_fields(message: object, prefix: str = "") -> list[str]:
     return out
 
 
-def load_spec(model_dir: Path) -> ModelSpec:
-    """Parse and validate ``model_dir/config.pbtxt`` and pick the version to serve.
-
-    The served version is the highest numeric subdirectory (Triton's default "latest 1"
-    version policy). The platform comes from ``platform`` or ``backend``; with neither it is
-    inferred from the model file present (``model.onnx`` → onnxruntime_onnx, ``model.py`` →
-    python, ``model.plan`` → tensorrt_plan). A tensorrt_plan model whose version directory
-    also holds ``model.onnx`` becomes onnxruntime_onnx on a machine without TensorRT or a
-    CUDA device (see ``_platform``).
+def read_config(model_dir: Path) -> mc.ModelConfig:
+    """The ``model_dir/config.pbtxt`` message, as written (protobuf text format).
 
     Raises:
-        ConfigError: unreadable or invalid config (the message names the file and field),
-            or no version directory.
+        ConfigError: unreadable or unparsable (the message names the file).
     """
     path = model_dir / CONFIG_FILE
     try:
-        config = text_format.Parse(path.read_text(), mc.ModelConfig())
+        return text_format.Parse(path.read_text(), mc.ModelConfig())
     except (OSError, text_format.ParseError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+
+
+def load_spec(model_dir: Path) -> ModelSpec:
+    """The spec of the highest version :func:`load_specs` serves (for the tools, which run
+    one version of a model)."""
+    return load_specs(model_dir)[-1]
+
+
+def load_specs(model_dir: Path, config: mc.ModelConfig | None = None) -> list[ModelSpec]:
+    """Parse and validate a model's config and build one spec per version it serves.
+
+    Which versions are served follows ``version_policy`` (:func:`served_versions`). The
+    platform comes from ``platform`` or ``backend``; with neither it is inferred from the
+    model file present (``model.onnx`` → onnxruntime_onnx, ``model.py`` → python,
+    ``model.plan`` → tensorrt_plan). A tensorrt_plan model whose version directory also holds
+    ``model.onnx`` becomes onnxruntime_onnx on a machine without TensorRT or a CUDA device
+    (see ``_platform``).
+
+    Args:
+        model_dir: ``engines/<model>``.
+        config: a config to use instead of ``config.pbtxt`` (RepositoryModelLoad's ``config``
+            parameter); audited the same way.
+
+    Returns:
+        The specs, ascending by version.
+
+    Raises:
+        ConfigError: unreadable or invalid config (the message names the file and field),
+            no version directory, or a version the policy names that does not exist.
+    """
+    path = model_dir / CONFIG_FILE
+    if config is None:
+        config = read_config(model_dir)
+    else:
+        path = model_dir / "(the load request's config)"
     name = config.name or model_dir.name
     if name != model_dir.name:
         raise ConfigError(f"{path}: name '{config.name}' differs from its directory '{model_dir.name}'")
     config.name = name
     unsupported = unsupported_fields(config)
-    if config.version_policy.latest.num_versions > 1:
-        unsupported.append("version_policy.latest.num_versions > 1")
     if unsupported:
         raise ConfigError(
             f"{path}: trtserve does not support {', '.join(unsupported)}; remove "
             f"{'it' if len(unsupported) == 1 else 'them'} (a field it cannot honour is refused, not ignored)"
         )
-    versions = sorted((int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()))
-    if not versions:
+    available = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    if not available:
         raise ConfigError(f"{model_dir}: no version directory (e.g. {model_dir}/1/)")
-    version_dir = model_dir / str(versions[-1])
+    return [_version_spec(config, model_dir, v, path) for v in served_versions(config.version_policy, available, path)]
+
+
+def served_versions(policy: mc.ModelVersionPolicy, available: list[int], path: Path) -> list[int]:
+    """The versions a ``version_policy`` serves out of the ``available`` version directories
+    (ascending), with Triton's meanings: ``latest { num_versions: n }`` the n highest (the
+    default, n = 1), ``all`` every one, ``specific { versions: [...] }`` exactly those.
+
+    Raises:
+        ConfigError: a specific version without its directory.
+    """
+    kind = policy.WhichOneof("policy_choice")
+    if kind == "all":
+        return available
+    if kind == "specific":
+        wanted = sorted(set(int(v) for v in policy.specific.versions))
+        missing = [v for v in wanted if v not in available]
+        if not wanted or missing:
+            raise ConfigError(
+                f"{path}: version_policy specific names versions {missing or 'none'} with no directory "
+                f"(the model has {available})"
+            )
+        return wanted
+    return available[-(policy.latest.num_versions or 1):]  # latest { } without a number: 1, as Triton
+
+
+def _version_spec(config: mc.ModelConfig, model_dir: Path, version: int, path: Path) -> ModelSpec:
+    config = mc.ModelConfig.FromString(config.SerializeToString())  # each version owns its message
+    version_dir = model_dir / str(version)
     platform = _platform(config, version_dir, path)
     config.platform = platform
     if config.max_batch_size < 0:
@@ -144,8 +202,8 @@ def load_spec(model_dir: Path) -> ModelSpec:
         raise ConfigError(f"{path}: {exc}") from exc
     instances = sum(max(g.count, 1) for g in config.instance_group) or 1
     return ModelSpec(
-        name=name,
-        version=str(versions[-1]),
+        name=config.name,
+        version=str(version),
         platform=platform,
         inputs=inputs,
         outputs=outputs,
@@ -156,6 +214,26 @@ def load_spec(model_dir: Path) -> ModelSpec:
         parameters=parameters,
         config=config,
     )
+
+
+def fingerprint(directory: Path, *, skip_versions: bool = False) -> tuple[tuple[str, int, int], ...]:
+    """(relative path, size, mtime in ns) of every file under ``directory``, sorted: what
+    poll mode compares between scans, and what tells a reload whether a version's files
+    changed. ``skip_versions`` leaves out the numeric version directories (the model's own
+    files: config, handler). Hidden entries (``.name``) are left out: a directory being
+    copied in as ``.2`` before its rename to ``2`` is not a change yet."""
+    out = []
+    for p in sorted(directory.rglob("*")):
+        rel = p.relative_to(directory)
+        if (skip_versions and rel.parts[0].isdigit()) or any(part.startswith(".") for part in rel.parts):
+            continue
+        try:
+            st = p.stat()
+        except OSError:  # removed while scanning: the next scan sees the rest
+            continue
+        if p.is_file():
+            out.append((str(rel), st.st_size, st.st_mtime_ns))
+    return tuple(out)
 
 
 def _platform(config: mc.ModelConfig, version_dir: Path, path: Path) -> str:
@@ -282,20 +360,40 @@ class ModelState(enum.Enum):
 
 @dataclass
 class ModelEntry:
-    """A model directory and what became of it."""
+    """A model directory and what became of it.
+
+    Attributes:
+        versions: version → the instance serving it, ascending; swapped as a whole on a
+            (re)load, so a request sees the old set or the new, never a mix.
+        wanted: asked for (at start, or by a load not undone by an unload): strict readiness
+            waits for it.
+    """
 
     name: str
     state: ModelState
     reason: str = ""
-    spec: ModelSpec | None = None
-    served: EngineModel | None = None
+    versions: dict[str, EngineModel] = dataclass_field(default_factory=dict)
+    wanted: bool = True
+
+    @property
+    def served(self) -> EngineModel | None:
+        """The highest version served (where a request without ``model_version`` goes)."""
+        return next(reversed(self.versions.values()), None)
+
+    @property
+    def spec(self) -> ModelSpec | None:
+        """The spec of :attr:`served`."""
+        return self.served.spec if self.served is not None else None
 
 
 BackendFactory = Callable[[ModelSpec], object]
 
 
 class Repository:
-    """Every model under ``root``, loaded and served.
+    """The models under ``root`` that are loaded, one :class:`EngineModel` per served version.
+
+    Touched only from the event loop. Every change of a model's state or versions calls each
+    of :attr:`listeners` (the engine core pushes the new table to the front ends).
 
     Args:
         root: the model repository directory (``engines/``).
@@ -308,71 +406,170 @@ class Repository:
         self.clock = clock
         self.backend_factory = backend_factory
         self.models: dict[str, ModelEntry] = {}
+        self.listeners: list[Callable[[], None]] = []
         self._warmup = asyncio.Lock()
+        self._busy: dict[str, asyncio.Lock] = {}  # model → held while it loads or unloads
+        self._files: dict[tuple[str, str], tuple[object, ...]] = {}  # (model, version) → files it was built from
 
     def discover(self) -> list[str]:
         """Names of the model directories (see :func:`model_dirs`), sorted."""
         return model_dirs(self.root)
 
-    async def load_all(self) -> None:
-        """Load every model found; failures are recorded, never raised."""
-        for name in self.discover():
-            self.models[name] = ModelEntry(name, ModelState.LOADING)
-        await asyncio.gather(*(self.load(name) for name in self.models))
+    async def load_all(self, names: list[str] | None = None) -> None:
+        """Load every model found (or ``names``); failures are recorded, never raised."""
+        names = self.discover() if names is None else names
+        for name in names:
+            self.models.setdefault(name, ModelEntry(name, ModelState.LOADING))
+        await asyncio.gather(*(self.load(name) for name in names))
 
-    async def load(self, name: str) -> ModelEntry:
-        """(Re)load one model: parse its config, start its runtime, warm it up."""
+    async def load(self, name: str, config: mc.ModelConfig | None = None) -> str:
+        """Load model ``name``, or reload it if it is served: parse its config (or ``config``),
+        build and warm every version the policy serves whose config or files changed (a
+        version with neither changed keeps its instance), then switch to the new set at once.
+        The versions left out finish everything queued on them and are closed (their memory
+        returned). While a reload builds, the old versions keep serving.
+
+        Returns:
+            ``""`` once served, else why not (a model that was served keeps serving its old
+            versions; one that was not is UNAVAILABLE with that reason). Never raises.
+        """
         entry = self.models.setdefault(name, ModelEntry(name, ModelState.LOADING))
-        entry.state = ModelState.LOADING
+        async with self._busy.setdefault(name, asyncio.Lock()):
+            entry.wanted = True
+            serving = entry.state is ModelState.READY
+            if not serving:
+                entry.state, entry.reason = ModelState.LOADING, ""
+                self._changed()
+            built: list[EngineModel] = []
+            files_of: dict[tuple[str, str], tuple[object, ...]] = {}
+            try:
+                versions: dict[str, EngineModel] = {}
+                for spec in await asyncio.to_thread(load_specs, self.root / name, config):
+                    key = (name, spec.version)
+                    files_of[key] = (spec.config.SerializeToString(deterministic=True),
+                                     fingerprint(spec.model_dir, skip_versions=True), fingerprint(spec.version_dir))
+                    kept = entry.versions.get(spec.version)
+                    if kept is None or self._files.get(key) != files_of[key]:
+                        kept = await self._start(spec)
+                        built.append(kept)
+                    versions[spec.version] = kept
+            except Exception as exc:  # this model stays as it was, or unavailable; never the server
+                reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+                await asyncio.gather(*(m.aclose() for m in built))
+                if not serving:
+                    entry.state, entry.reason = ModelState.UNAVAILABLE, reason
+                    self._changed()
+                log.error("model %s failed to %s: %s", name, "reload" if serving else "load", reason)
+                return reason
+            retired = [m for v, m in entry.versions.items() if versions.get(v) is not m]
+            self._files = {**{k: v for k, v in self._files.items() if k[0] != name}, **files_of}
+            entry.versions, entry.state, entry.reason = versions, ModelState.READY, ""
+            self._changed()
+            log.info("model %s version(s) %s ready", name, ", ".join(versions))
+            await self._retire(retired)
+            return ""
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name``: new requests are refused (UNAVAILABLE, "unloading") while
+        everything queued on it finishes; then its versions are closed and their memory
+        returned. It stays in the table as UNAVAILABLE, "unloaded"."""
+        entry = self.models.get(name)
+        if entry is None:
+            return
+        async with self._busy.setdefault(name, asyncio.Lock()):
+            entry.wanted = False
+            entry.state, entry.reason = ModelState.UNLOADING, ""
+            self._changed()
+            retired, entry.versions = list(entry.versions.values()), {}
+            await self._retire(retired)
+            entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
+            self._files = {k: v for k, v in self._files.items() if k[0] != name}
+            self._changed()
+
+    def forget(self, name: str) -> None:
+        """Drop ``name`` from the table (after :meth:`unload`): its directory is gone, so
+        requests for it are NOT_FOUND, as for any unknown model."""
+        entry = self.models.get(name)
+        if entry is not None and not entry.versions:
+            del self.models[name]
+            self._changed()
+
+    async def _start(self, spec: ModelSpec) -> EngineModel:
+        backend = await asyncio.to_thread(self.backend_factory, spec)
         try:
-            spec = load_spec(self.root / name)
-            entry.spec = spec
-            backend = await asyncio.to_thread(self.backend_factory, spec)
             served = EngineModel(spec, backend, clock=self.clock)  # type: ignore[arg-type]
+        except BaseException:
+            await backend.aclose()  # type: ignore[attr-defined]
+            raise
+        try:
             # One warm-up at a time: a model's first latency profile must not measure the
             # other models loading beside it.
             async with self._warmup:
                 await served.start()
-        except Exception as exc:  # any failure leaves this model unavailable, not the server
-            entry.state = ModelState.UNAVAILABLE
-            entry.reason = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc)
-            log.error("model %s failed to load: %s", name, entry.reason)
-            return entry
-        entry.served, entry.state, entry.reason = served, ModelState.READY, ""
-        log.info("model %s version %s ready (%s, %d slot(s))", name, spec.version, spec.platform, spec.instances)
-        return entry
+        except BaseException:
+            await served.aclose()
+            raise
+        log.info("model %s version %s built (%s, %d slot(s))", spec.name, spec.version, spec.platform, spec.instances)
+        return served
+
+    async def _retire(self, models: list[EngineModel]) -> None:
+        """Drain and close ``models`` (nothing routes to them any more), then hand the freed
+        memory back to the system."""
+        if not models:
+            return
+        await asyncio.gather(*(m.aclose() for m in models))
+        del models[:]
+        await asyncio.to_thread(release_memory)
+
+    def _changed(self) -> None:
+        for listener in list(self.listeners):
+            listener()
 
     def get(self, name: str, version: str = "") -> EngineModel:
-        """The serving model ``name`` (``version`` empty for the served one).
+        """The instance serving ``name`` at ``version`` (empty: the highest version served).
 
         Raises:
-            ModelNotFound: no such model, or a version other than the served one.
-            ModelNotReady: the model is loading, unloading or failed to load (with the reason).
+            ModelNotFound: no such model, or a version it does not serve.
+            ModelNotReady: the model is loading, unloading, unloaded or failed to load (with the reason).
         """
         entry = self.models.get(name)
         if entry is None:
             raise ModelNotFound(f"unknown model '{name}'")
-        if entry.state is not ModelState.READY or entry.served is None:
+        versions = entry.versions
+        if entry.state is not ModelState.READY or not versions:
             why = f": {entry.reason}" if entry.reason else ""
             raise ModelNotReady(f"model '{name}' is {entry.state.value.lower()}{why}")
-        if version and version != entry.served.spec.version:
-            raise ModelNotFound(
-                f"model '{name}' has no version '{version}' (serving version {entry.served.spec.version})"
-            )
-        return entry.served
+        if not version:
+            return next(reversed(versions.values()))
+        served = versions.get(version)
+        if served is None:
+            raise ModelNotFound(f"model '{name}' has no version '{version}' (serving version(s) {', '.join(versions)})")
+        return served
 
     @property
     def ready(self) -> bool:
-        """Whether every model found is ready."""
-        return all(e.state is ModelState.READY for e in self.models.values())
+        """Whether every model asked for (:attr:`ModelEntry.wanted`) is ready."""
+        return all(e.state is ModelState.READY for e in self.models.values() if e.wanted)
 
     async def aclose(self) -> None:
         """Drain and unload every model: queued and running requests finish first."""
         for entry in self.models.values():
-            if entry.served is not None:
+            if entry.versions:
                 entry.state = ModelState.UNLOADING
-        await asyncio.gather(*(e.served.aclose() for e in self.models.values() if e.served is not None))
+        await asyncio.gather(*(m.aclose() for e in self.models.values() for m in e.versions.values()))
         for entry in self.models.values():
-            entry.served = None
+            entry.versions = {}
             entry.state = ModelState.UNAVAILABLE
             entry.reason = "unloaded"
+
+
+def release_memory() -> None:
+    """Return freed heap to the system after a model is closed: a garbage collection (the
+    runtime's buffers may sit in reference cycles), then glibc's ``malloc_trim(0)``, without
+    which the allocator keeps the pages of a closed ONNX Runtime session and the RSS stays
+    up. Elsewhere than glibc only the collection runs."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

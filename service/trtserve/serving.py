@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .engine.lifecycle import LifecycleConfig
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -30,6 +32,7 @@ class ServeConfig:
         intra_op_threads: ONNX Runtime threads per session (0: one per core).
         metrics_host, metrics_port: the engine core's Prometheus endpoint (None: off).
         log_level, log_format, log_requests: logging of every process (as the CLI's flags).
+        lifecycle: model control mode, models to load, poll interval, readiness rule.
     """
 
     repository: Path
@@ -45,6 +48,7 @@ class ServeConfig:
     log_level: str = "INFO"
     log_format: str = "text"
     log_requests: bool = False
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
 
 
 def default_frontends() -> int:

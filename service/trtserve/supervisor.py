@@ -315,7 +315,6 @@ async def serve_in_process(config: ServeConfig) -> int:
     await asyncio.wait((load, stopped), return_when=asyncio.FIRST_COMPLETED)
     if load.done():
         load.result()
-        engine.refresh()
         await service.loaded()
         log_models(core)
         announce(f"trtserve listening on {config.host}:{port} (1 front end, in process)")

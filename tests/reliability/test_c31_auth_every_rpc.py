@@ -11,8 +11,8 @@ scheme, the right value under another metadata key, and an empty bearer. Expecte
 
 * UNAUTHENTICATED for every inference, metadata, statistics and control RPC and for the
   unimplemented Triton RPCs; no marker of those calls runs; SetPolicy changes nothing;
-* with the token every call works (UNIMPLEMENTED for the unimplemented Triton RPCs), and its
-  marker runs;
+* with the token every call works (UNIMPLEMENTED for the unimplemented Triton RPCs,
+  UNAVAILABLE for model load/unload in the default model control mode), and its marker runs;
 * health and reflection stay open without ``--auth-health`` and take the same check with it.
 """
 
@@ -46,10 +46,12 @@ GOOD = (("authorization", f"Bearer {TOKEN}"),)
 SERVICES = [pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], control_pb2.DESCRIPTOR.services_by_name["ModelControl"]]
 # The Triton RPCs trtserve does not implement: UNIMPLEMENTED with the token.
 UNIMPLEMENTED = {
-    "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+    "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
     "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
     "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings",
 }
+# Implemented, and refused in the server's model control mode (none): UNAVAILABLE with the token.
+REFUSED_IN_MODE_NONE = {"RepositoryModelLoad", "RepositoryModelUnload"}
 CHANGED_DELAY_US = 54_321  # what the SetPolicy calls ask for
 
 
@@ -159,7 +161,8 @@ def test_every_rpc_refuses_each_bad_credential_and_works_with_the_token(repo, au
 
         # With the token: every call works, UNIMPLEMENTED for what trtserve does not implement.
         granted = {label: call_rpc(channel, path, method, 7.0, GOOD) for label, path, method in every_rpc()}
-        expected = {label: grpc.StatusCode.UNIMPLEMENTED if label in UNIMPLEMENTED else grpc.StatusCode.OK
+        expected = {label: grpc.StatusCode.UNIMPLEMENTED if label in UNIMPLEMENTED
+                    else grpc.StatusCode.UNAVAILABLE if label in REFUSED_IN_MODE_NONE else grpc.StatusCode.OK
                     for label, _, _ in every_rpc()}
         assert granted == expected
         for label, path, request, (cs, ss) in open_rpcs():

@@ -404,7 +404,7 @@ def test_a_plan_model_is_not_ready_with_the_reason_while_others_serve(tmp_path, 
         await repo.load_all()
         try:
             states = {name: (e.state, e.reason) for name, e in repo.models.items()}
-            out, _ = await local_model(repo, "both", pool).infer({"INPUT": np.ones((2, 64), np.float32)})
+            out, _, _ = await local_model(repo, "both", pool).infer({"INPUT": np.ones((2, 64), np.float32)})
             return states, out
         finally:
             await repo.aclose()

@@ -31,6 +31,7 @@ from ..metrics import MetricsServer, RequestStats, TrtServeCollector
 from ..repository import ModelState, Repository
 from ..spec import ModelSpec
 from . import control, statistics, wire
+from .lifecycle import LifecycleConfig, ModelLifecycle
 from .channel import Channel, open_socket
 from .model import EngineModel
 
@@ -66,10 +67,14 @@ class EngineCore:
             (:class:`~trtserve.frontend.local.LocalEngine`, ``trtserve serve --frontends 1``).
         metrics_host, metrics_port: serve Prometheus metrics there (port 0: ephemeral);
             ``metrics_port=None``: no endpoint.
+        lifecycle: the model control mode and readiness rule (default: Triton's ``none``,
+            strict); see :mod:`trtserve.engine.lifecycle`.
 
     Lifecycle: :meth:`start` (bind, answer), :meth:`load` (models ready; front ends get the
     model table), then :meth:`aclose` once every front end has drained: queued and running
-    requests finish, the runtimes close.
+    requests finish, the runtimes close. Whenever a model is loaded, reloaded or unloaded, the
+    new table goes to every front end (and to each of :attr:`table_listeners`, the front end
+    of this process).
     """
 
     def __init__(
@@ -79,8 +84,12 @@ class EngineCore:
         *,
         metrics_host: str = "127.0.0.1",
         metrics_port: int | None = None,
+        lifecycle: LifecycleConfig | None = None,
     ) -> None:
         self.repository = repository
+        self.lifecycle = ModelLifecycle(repository, lifecycle)
+        self.table_listeners: list[Callable[[], None]] = []
+        repository.listeners.append(self._publish)
         self.address = address
         self.clock = repository.clock
         self.requests = RequestStats(repository.clock)
@@ -92,10 +101,12 @@ class EngineCore:
         self._metrics_at = (metrics_host, metrics_port)
         self._channel: Channel | None = None
         self._queries: dict[str, Callable[[Any], Any]] = {
-            "server_ready": lambda _arg: self.loaded and self.repository.ready,
+            "server_ready": lambda _arg: self.loaded and self.lifecycle.ready,
             "model_ready": lambda arg: statistics.model_ready(self.repository, *arg),
             "statistics": lambda arg: statistics.model_statistics(self.repository, self.requests, *arg).SerializeToString(),
-            "index": lambda arg: statistics.repository_index(self.repository, arg).SerializeToString(),
+            "index": lambda arg: statistics.repository_index(self.lifecycle.index(), arg).SerializeToString(),
+            "load": lambda arg: self.lifecycle.load(*arg),
+            "unload": lambda arg: self.lifecycle.unload(*arg),
             "get_policy": lambda arg: control.get_policy(
                 self.repository, control_pb2.GetPolicyRequest.FromString(arg)).SerializeToString(),
             "set_policy": lambda arg: control.set_policy(
@@ -126,14 +137,15 @@ class EngineCore:
         self._channel = Channel(sock, self._receive)
 
     async def load(self) -> None:
-        """Load every model of the repository, then send the model table to the front ends."""
-        await self.repository.load_all()
+        """Load the models the model control mode loads at start, then send the model table
+        to the front ends."""
+        await self.lifecycle.start()
         self.loaded = True
-        for peer in list(self.peers.values()):
-            self._send_table(peer.identity)
+        self._publish()
 
     async def aclose(self) -> None:
-        """Finish everything queued and running, close the runtimes, then stop answering."""
+        """Stop polling, finish everything queued and running, close the runtimes, then stop answering."""
+        await self.lifecycle.aclose()
         await self.repository.aclose()
         if self._channel is not None:
             self._channel.close()
@@ -197,7 +209,8 @@ class EngineCore:
         # With the answer, the least a batch of one can take: the front end refuses what
         # cannot finish in time before it crosses.
         hint = served.dispatcher.latency.lower_bound(1, 1)
-        self._send(peer.identity, wire.header("result", rid, deadline, layout, served.spec.name, hint), *frames)
+        spec = served.spec
+        self._send(peer.identity, wire.header("result", rid, deadline, layout, spec.name, spec.version, hint), *frames)
 
     def record(self, records: list[tuple[str, str, float, bool, bool]], refused: dict[str, int]) -> None:
         """Count requests a front end answered: (model, status name, seconds, queue full?,
@@ -213,29 +226,59 @@ class EngineCore:
         """Answer a front end's question: ``server_ready``, ``model_ready`` ((name, version)),
         ``statistics`` ((name, version): a serialized ModelStatisticsResponse), ``index``
         (ready only?: a serialized RepositoryIndexResponse), ``get_policy`` / ``set_policy``
-        (serialized trtserve.v1 messages).
+        (serialized trtserve.v1 messages); ``load`` / ``unload`` ((name, parameters)) return
+        a coroutine that finishes once the model is served or unloaded (see
+        :class:`~trtserve.engine.lifecycle.ModelLifecycle`).
 
         Raises:
             TrtServeError: ModelNotFound, ModelNotReady, InvalidRequest, as the RPC answers.
         """
         return self._queries[what](arg)
 
-    def table(self) -> list[tuple[str, str, str, ModelSpec | None]]:
-        """(name, state, reason, spec when READY) of every model of the repository."""
-        return [(name, e.state.value, e.reason, e.spec if e.state is ModelState.READY else None)
+    def table(self) -> list[tuple[str, str, str, tuple[ModelSpec, ...]]]:
+        """(name, state, reason, the specs of its served versions, ascending, when READY) of
+        every model in the table."""
+        return [(name, e.state.value, e.reason,
+                 tuple(m.spec for m in e.versions.values()) if e.state is ModelState.READY else ())
                 for name, e in sorted(self.repository.models.items())]
 
     def _query(self, peer: FrontendPeer, rid: int, what: str, arg: Any) -> None:
         try:
             value = self.query(what, arg)
         except TrtServeError as exc:
-            self._send(peer.identity, wire.header("reply", rid, False, (type(exc).__name__, str(exc))))
+            self._reply(peer, rid, exc, None)
             return
-        self._send(peer.identity, wire.header("reply", rid, True, value))
+        if asyncio.iscoroutine(value):  # load, unload: answered when done, the loop serving meanwhile
+            asyncio.ensure_future(value).add_done_callback(partial(self._replied, peer, rid))
+            return
+        self._reply(peer, rid, None, value)
+
+    def _replied(self, peer: FrontendPeer, rid: int, task: asyncio.Future[Any]) -> None:
+        if not task.cancelled():  # cancelled: the core is closing
+            self._reply(peer, rid, task.exception(), None if task.exception() else task.result())
+
+    def _reply(self, peer: FrontendPeer, rid: int, exc: BaseException | None, value: Any) -> None:
+        if exc is None:
+            self._send(peer.identity, wire.header("reply", rid, True, value))
+            return
+        if not isinstance(exc, TrtServeError):
+            log.error("engine core: query failed", exc_info=exc)
+        name = type(exc).__name__ if isinstance(exc, TrtServeError) else "BackendError"
+        self._send(peer.identity, wire.header("reply", rid, False, (name, str(exc))))
+
+    def _publish(self) -> None:
+        """Send the model table to every front end (once loaded)."""
+        if not self.loaded:
+            return
+        for peer in list(self.peers.values()):
+            self._send_table(peer.identity)
+        for listener in list(self.table_listeners):
+            listener()
 
     def _send_table(self, identity: bytes) -> None:
-        table = [(name, state, reason, wire.spec_out(spec) if spec else None) for name, state, reason, spec in self.table()]
-        self._send(identity, wire.header("table", self.loaded, table))
+        table = [(name, state, reason, tuple(wire.spec_out(s) for s in specs)) for name, state, reason, specs in self.table()]
+        ready = self.lifecycle.ready
+        self._send(identity, wire.header("table", self.loaded, ready, self.lifecycle.config.strict_readiness, table))
 
     def _send(self, identity: bytes, *frames: Any) -> None:
         assert self._channel is not None

@@ -44,7 +44,8 @@ def make_core(config: ServeConfig, address: str | None) -> EngineCore:
 
     options = runtimes.RuntimeOptions(intra_op_threads=config.intra_op_threads)
     repository = Repository(config.repository, clock=MonotonicClock(), backend_factory=partial(runtimes.create, options=options))
-    return EngineCore(repository, address, metrics_host=config.metrics_host, metrics_port=config.metrics_port)
+    return EngineCore(repository, address, metrics_host=config.metrics_host, metrics_port=config.metrics_port,
+                      lifecycle=config.lifecycle)
 
 
 def log_models(core: EngineCore) -> None:

@@ -24,10 +24,13 @@ kind               direction                  rest of the header, then frames
                                               (model, status, seconds, queue_full,
                                               finished_late) per answered request
 ``query``          front end → core           id, what, argument (see ``EngineCore``)
-``table``          core → front end           loaded?, the models: (name, state, reason,
-                                              spec and its serialized config, or None)
-``result``         core → front end           id, deadline, layout, model, least run time
-                                              of a batch of one (s); frames: the outputs
+``table``          core → front end           loaded?, ready?, strict readiness?, the
+                                              models: (name, state, reason, per served
+                                              version its spec and serialized config);
+                                              sent again whenever a model changes
+``result``         core → front end           id, deadline, layout, model, the version
+                                              that answered, least run time of a batch of
+                                              one (s); frames: the outputs
 ``error``          core → front end           id, error class name, message
 ``reply``          core → front end           id, ok?, value (or error class name, message)
 =================  =========================  =============================================

@@ -17,6 +17,7 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import zmq
@@ -34,12 +35,17 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ModelInfo:
     """One model as the engine core reported it: state (Triton's RepositoryIndex names),
-    the reason it is not ready, and its spec when READY."""
+    the reason it is not ready, and when READY the specs of its served versions, ascending."""
 
     name: str
     state: str
     reason: str
-    spec: ModelSpec | None
+    specs: tuple[ModelSpec, ...] = ()
+
+    @property
+    def spec(self) -> ModelSpec | None:
+        """The highest version's spec (where a request without ``model_version`` goes)."""
+        return self.specs[-1] if self.specs else None
 
 
 class Engine(Protocol):
@@ -48,11 +54,14 @@ class Engine(Protocol):
 
     models: dict[str, ModelInfo]
     loaded: asyncio.Event
+    ready: bool
+    strict: bool
+    listeners: list[Callable[[], None]]
 
     def model(self, name: str) -> ModelInfo: ...
 
     async def infer(self, model: str, version: str, segments: list[Segment], *, priority: int = 0,
-                    timeout: float | None = None, deadline: float = math.inf) -> tuple[list[Segment], float]: ...
+                    timeout: float | None = None, deadline: float = math.inf) -> tuple[list[Segment], float, str]: ...
 
     async def query(self, what: str, arg: Any = None) -> Any: ...
 
@@ -67,13 +76,28 @@ class EngineView:
     """What a front end knows of the engine core's models (both kinds of connection).
 
     Attributes:
-        models: the model table (empty until :attr:`loaded` is set).
+        models: the model table (empty until :attr:`loaded` is set); replaced as a whole
+            whenever the engine core sends a new one (a model loaded, reloaded, unloaded).
         loaded: set once the engine core has loaded its models and the table is here.
+        ready: the engine core counts the server ready (``--strict-readiness``).
+        strict: strict readiness: a model this front end cannot serve makes it not ready.
+        listeners: called on the loop after each new table.
     """
 
     def __init__(self) -> None:
         self.models: dict[str, ModelInfo] = {}
         self.loaded = asyncio.Event()
+        self.ready = False
+        self.strict = True
+        self.listeners: list[Callable[[], None]] = []
+
+    def set_table(self, loaded: bool, ready: bool, strict: bool, models: dict[str, ModelInfo]) -> None:
+        """Take a new model table from the engine core and tell the listeners."""
+        self.models, self.ready, self.strict = models, ready, strict
+        if loaded:
+            self.loaded.set()
+        for listener in list(self.listeners):
+            listener()
 
     def model(self, name: str) -> ModelInfo:
         """The table entry of ``name``.
@@ -133,11 +157,12 @@ class EngineClient(EngineView):
     async def infer(
         self, model: str, version: str, segments: list[Segment], *, priority: int = 0,
         timeout: float | None = None, deadline: float = math.inf,
-    ) -> tuple[list[Segment], float]:
+    ) -> tuple[list[Segment], float, str]:
         """Run one request's engine rows in the engine core.
 
         Args:
-            model, version: the served model (``version`` as the spec says).
+            model, version: the model, and the version asked for (empty: the highest the
+                engine core serves when the rows arrive).
             segments: engine-input name → array with rows on axis 0, one dict per segment.
             priority: the ``priority`` parameter (1 is the most urgent; 0 for the default).
             timeout: the ``timeout`` parameter in seconds, or ``None``.
@@ -145,7 +170,7 @@ class EngineClient(EngineView):
 
         Returns:
             (one output dict per segment, arrays viewing the reply's frames; the deadline the
-            engine core resolved, monotonic seconds).
+            engine core resolved, monotonic seconds; the version that answered).
 
         Raises:
             RequestTimeout (DEADLINE_EXCEEDED): refused here, without crossing, when the
@@ -166,7 +191,7 @@ class EngineClient(EngineView):
             )
         rid = next(self._ids)
         layout, frames = wire.pack(segments)
-        future: asyncio.Future[tuple[list[Segment], float]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[list[Segment], float, str]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
         self._send(wire.header("infer", rid, model, version, priority, timeout, deadline, layout), *frames)
         try:
@@ -232,19 +257,18 @@ class EngineClient(EngineView):
     def _handle(self, head: tuple[Any, ...], frames: list[Any]) -> None:
         kind = head[0]
         if kind == "table":
-            _, loaded, table = head
-            self.models = {name: ModelInfo(name, state, reason, wire.spec_in(*spec) if spec else None)
-                           for name, state, reason, spec in table}
-            if loaded:
-                self.loaded.set()
+            _, loaded, ready, strict, table = head
+            self.set_table(loaded, ready, strict, {
+                name: ModelInfo(name, state, reason, tuple(wire.spec_in(*spec) for spec in specs))
+                for name, state, reason, specs in table})
             return
         future = self._pending.pop(head[1], None)
         if future is None or future.done():
             return  # cancelled meanwhile
         if kind == "result":
-            _, _, deadline, layout, model, min_run = head
+            _, _, deadline, layout, model, version, min_run = head
             self._min_run[model] = min_run
-            future.set_result((wire.unpack(layout, frames), deadline))
+            future.set_result((wire.unpack(layout, frames), deadline, version))
         elif kind == "error":
             future.set_exception(wire.error_of(head[2], head[3]))
         elif kind == "reply":

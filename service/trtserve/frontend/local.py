@@ -10,6 +10,7 @@ without a server (``trtserve check``, the Ray bulk actors), with only ``infer``.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -37,28 +38,32 @@ class LocalEngine(EngineView):
 
     @classmethod
     def of(cls, core: EngineCore) -> LocalEngine:
-        """The whole interface over ``core`` (its table once :meth:`refresh` ran)."""
-        return cls(core.repository.get, core)
+        """The whole interface over ``core``; its table follows the core's (from :meth:`refresh`,
+        called by the core after it loaded and after each change)."""
+        engine = cls(core.repository.get, core)
+        core.table_listeners.append(engine.refresh)
+        return engine
 
     def refresh(self) -> None:
-        """Take the model table from the engine core (after it loaded)."""
+        """Take the model table from the engine core."""
         assert self.core is not None
-        self.models = {name: ModelInfo(name, state, reason, spec) for name, state, reason, spec in self.core.table()}
-        if self.core.loaded:
-            self.loaded.set()
+        self.set_table(self.core.loaded, self.core.lifecycle.ready, self.core.lifecycle.config.strict_readiness,
+                       {name: ModelInfo(name, state, reason, specs) for name, state, reason, specs in self.core.table()})
 
     async def infer(
         self, model: str, version: str, segments: list[Segment], *, priority: int = 0,
         timeout: float | None = None, deadline: float = math.inf,
-    ) -> tuple[list[Segment], float]:
+    ) -> tuple[list[Segment], float, str]:
         """See :meth:`EngineClient.infer <trtserve.frontend.engine_client.EngineClient.infer>`."""
-        future, resolved = self.get(model, version).submit(segments, priority=priority, timeout=timeout, deadline=deadline)
-        return await future, resolved
+        served = self.get(model, version)
+        future, resolved = served.submit(segments, priority=priority, timeout=timeout, deadline=deadline)
+        return await future, resolved, served.spec.version
 
     async def query(self, what: str, arg: Any = None) -> Any:
         """See :meth:`EngineCore.query <trtserve.engine.core.EngineCore.query>`."""
         assert self.core is not None
-        return self.core.query(what, arg)
+        value = self.core.query(what, arg)
+        return await value if asyncio.iscoroutine(value) else value
 
     def record(self, model: str, code: str, seconds: float, *, queue_full: bool, late: bool) -> None:
         """See :meth:`EngineClient.record <trtserve.frontend.engine_client.EngineClient.record>`."""

@@ -48,19 +48,24 @@ class FrontendModel:
         self.handler = load_handler(spec)
 
     async def infer(
-        self, inputs: Tensors, *, priority: int = 0, timeout: float | None = None, deadline: float = math.inf
-    ) -> tuple[Tensors, float]:
+        self, inputs: Tensors, *, version: str | None = None, priority: int = 0, timeout: float | None = None,
+        deadline: float = math.inf,
+    ) -> tuple[Tensors, float, str]:
         """Run one request through pre-processing, the engine core and post-processing.
 
         Args:
             inputs: validated request tensors (batch on axis 0 for a batched model).
+            version: the version to run (default: this spec's); empty: the highest version
+                the engine core serves when the rows arrive, so that a request sent across a
+                reload's switch runs on whichever side of it the core is.
             priority: the ``priority`` parameter (1 is the most urgent; 0 for the default).
             timeout: the ``timeout`` parameter in seconds, or ``None``.
             deadline: the gRPC deadline, monotonic seconds (``math.inf``: none).
 
         Returns:
-            (outputs, deadline): output name → array (batch on axis 0 for a batched model),
-            and the deadline the engine core resolved for the request (monotonic seconds).
+            (outputs, deadline, version): output name → array (batch on axis 0 for a batched
+            model), the deadline the engine core resolved for the request (monotonic
+            seconds), and the version that answered.
 
         Raises:
             InvalidRequest, QueueFull, RequestTimeout, ShuttingDown, BackendError,
@@ -73,15 +78,16 @@ class FrontendModel:
             segments = [inputs]
         else:
             segments = [{name: arr[np.newaxis] for name, arr in inputs.items()}]
-        outputs, resolved = await self.engine.infer(
-            self.spec.name, self.spec.version, segments, priority=priority, timeout=timeout, deadline=deadline
+        outputs, resolved, answered = await self.engine.infer(
+            self.spec.name, self.spec.version if version is None else version, segments,
+            priority=priority, timeout=timeout, deadline=deadline,
         )
         if self.handler is not None:
-            return await self._on_pool(self.handler.postprocess, inputs, outputs), resolved
+            return await self._on_pool(self.handler.postprocess, inputs, outputs), resolved, answered
         out = outputs[0]
         if not self.spec.batched:
             out = {name: arr[0] for name, arr in out.items()}
-        return out, resolved
+        return out, resolved, answered
 
     async def _on_pool(self, fn: Callable[..., T], *args: Any) -> T:
         try:

@@ -13,7 +13,8 @@ back in completion order, each carrying its request ``id``; an error for one mes
 that message's ``error_message`` and the stream goes on (:mod:`trtserve.frontend.stream`).
 
 Beside it the front end runs ``grpc.health.v1.Health`` (NOT_SERVING while models load and
-while draining, SERVING otherwise when every model is ready) and server reflection. Every
+while draining, SERVING otherwise when ready by ``--strict-readiness``) and server reflection.
+RepositoryModelLoad/Unload go to the engine core (:mod:`trtserve.engine.lifecycle`). Every
 request's outcome and duration is recorded once and shipped to the engine core
 (:meth:`EngineClient.record <trtserve.frontend.engine_client.EngineClient.record>`).
 """
@@ -35,15 +36,14 @@ from .._proto.inference import grpc_service_pb2 as pb
 from .._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from ..clock import Clock
 from ..engine.wire import deadline_of
-from ..errors import ModelNotFound, ModelNotReady, QueueFull, ResponseTooLarge, ShuttingDown, TrtServeError
+from ..errors import QueueFull, ResponseTooLarge, ShuttingDown, TrtServeError
 from ..logs import REQUEST_LOGGER
 from ..metrics import UNKNOWN_MODEL
 from ..protocol import codec
 from ..protocol.parameters import request_parameters
-from ..repository import ModelState
 from .engine_client import Engine
 from .lifecycle import GRACE_EXPIRED, REFUSED, Admission
-from .pipeline import FrontendModel
+from .models import ModelTable, repository_parameters
 from .status import status_for
 from .stream import serve_stream
 
@@ -62,10 +62,6 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 _SHARED_MEMORY = ("trtserve does not implement the shared-memory extension (it is not among ServerMetadata's "
                   "extensions): send tensors in the request, as raw_input_contents")
 NOT_IMPLEMENTED = {
-    "RepositoryModelLoad": "trtserve loads every model of its repository at start (model control mode 'none'); "
-                           "restart the server to load or unload models",
-    "RepositoryModelUnload": "trtserve loads every model of its repository at start (model control mode 'none'); "
-                             "restart the server to load or unload models",
     "SystemSharedMemoryStatus": _SHARED_MEMORY,
     "SystemSharedMemoryRegister": _SHARED_MEMORY,
     "SystemSharedMemoryUnregister": _SHARED_MEMORY,
@@ -122,17 +118,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.max_request_elements = max_request_elements
         self.admission = Admission(on_change=engine.set_active)
         self.health = health.aio.HealthServicer()
-        self.models: dict[str, FrontendModel] = {}
-        self.unavailable: dict[str, str] = {}  # model → why this front end cannot serve it
+        self.table = ModelTable(engine, pool, self.update_health)
         self.wake_streams: set[asyncio.Queue[Any]] = set()  # outboxes of the open streams
 
     # -- readiness, admission and drain ---------------------------------------------------
 
     @property
     def serving(self) -> bool:
-        """Loaded with every model ready here, and not draining (health SERVING)."""
-        return (not self.admission.draining and self.engine.loaded.is_set() and not self.unavailable
-                and all(m.state == ModelState.READY.value for m in self.engine.models.values()))
+        """Not draining, started, and ready as the engine core counts it (``--strict-readiness``:
+        strict, every model asked for is ready, and every handler loaded here) (health SERVING)."""
+        return (not self.admission.draining and self.engine.loaded.is_set() and self.engine.ready
+                and not (self.engine.strict and self.table.unavailable))
 
     async def update_health(self) -> None:
         """Publish :attr:`serving` to the health service (for the server and the inference service)."""
@@ -141,18 +137,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await self.health.set(name, status)
 
     async def loaded(self) -> None:
-        """Wait for the engine core's model table, load each ready model's handler (off the
-        loop), then follow the models in readiness and health."""
+        """Wait for the engine core's model table, load each served version's handler (off
+        the loop), then follow the table (models loaded, reloaded, unloaded) in the models
+        served, readiness and health."""
         await self.engine.loaded.wait()
-        for name, info in sorted(self.engine.models.items()):
-            if info.spec is None:
-                continue
-            try:
-                self.models[name] = await asyncio.to_thread(FrontendModel, info.spec, self.engine, pool=self.pool)
-            except Exception as exc:  # this model is unavailable here; the others serve
-                self.unavailable[name] = f"its handler failed to load: {type(exc).__name__}: {exc}"
-                log.error("model %s: %s", name, self.unavailable[name])
-        await self.update_health()
+        self.table.follow()
+        await self.table.refresh()
 
     async def begin_drain(self) -> None:
         """Stop admitting (new requests: UNAVAILABLE), not ready, health NOT_SERVING; streams
@@ -175,7 +165,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
         """Ready: loaded, not draining, and not every execution slot hung, so a load balancer
         polling it routes away from a wedged model."""
-        if self.admission.draining or request.name not in self.models:
+        if self.admission.draining or not self.table.ready(request.name, request.version):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=bool(await self.engine.query("model_ready", (request.name, request.version))))
 
@@ -183,15 +173,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerMetadataResponse(name="trtserve", version=__version__, extensions=EXTENSIONS)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
-        spec = (await self._call(context, self._model, request.name, request.version)).spec
-        response = pb.ModelMetadataResponse(name=spec.name, versions=[spec.version], platform=spec.platform)
+        spec = (await self._call(context, self.table.get, request.name, request.version)).spec
+        versions = [s.version for s in self.table.info(spec.name).specs]
+        response = pb.ModelMetadataResponse(name=spec.name, versions=versions, platform=spec.platform)
         for tensors, field in ((spec.inputs, response.inputs), (spec.outputs, response.outputs)):
             for t in tensors:
                 field.add(name=t.name, datatype=t.datatype.name, shape=t.shape(spec.batched))
         return response
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
-        spec = (await self._call(context, self._model, request.name, request.version)).spec
+        spec = (await self._call(context, self.table.get, request.name, request.version)).spec
         return pb.ModelConfigResponse(config=spec.config)
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
@@ -201,6 +192,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
         data = await self._call(context, self.engine.query, "index", request.ready)
         return pb.RepositoryIndexResponse.FromString(data)
+
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: Any) -> pb.RepositoryModelLoadResponse:
+        """Load (or reload) a model: answered once it serves, and this front end serves it
+        (see :meth:`ModelLifecycle.load <trtserve.engine.lifecycle.ModelLifecycle.load>`)."""
+        arg = (request.model_name, repository_parameters(request.parameters))
+        await self._call(context, self.engine.query, "load", arg)
+        await self.table.refresh()
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: Any) -> pb.RepositoryModelUnloadResponse:
+        """Unload a model: answered once what was queued on it is answered and it is closed."""
+        arg = (request.model_name, repository_parameters(request.parameters))
+        await self._call(context, self.engine.query, "unload", arg)
+        await self.table.refresh()
+        return pb.RepositoryModelUnloadResponse()
 
     # -- inference --------------------------------------------------------------------------
 
@@ -271,14 +277,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 )
 
     async def _infer(self, request: pb.ModelInferRequest, deadline: float) -> tuple[pb.ModelInferResponse, bool]:
-        model = self._model(request.model_name, request.model_version)
+        model = await self.table.get(request.model_name, request.model_version)
         spec = model.spec
         inputs, _rows = codec.decode_inputs(request, spec, max_elements=self.max_request_elements)
         chosen = codec.requested_outputs(request, spec)
         priority, timeout, final = request_parameters(request)
-        outputs, resolved = await model.infer(inputs, priority=priority, timeout=timeout, deadline=deadline)
+        outputs, resolved, version = await model.infer(
+            inputs, version=request.model_version, priority=priority, timeout=timeout, deadline=deadline)
         late = self.clock.now() > resolved
         response = codec.encode_response(spec, request.id, outputs, chosen)
+        response.model_version = version  # the version that answered (across a reload, maybe a newer one)
         if final:  # each request of a model that is not decoupled gets one response: the final one
             response.parameters["triton_final_response"].bool_param = True
         size = response.ByteSize()
@@ -287,24 +295,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 f"the response is {size} bytes, more than the server's maximum send size of {self.max_send_bytes} bytes"
             )
         return response, late
-
-    def _model(self, name: str, version: str) -> FrontendModel:
-        """The model serving ``name`` (``version`` empty for the served one).
-
-        Raises:
-            ModelNotFound: no such model, or a version other than the served one.
-            ModelNotReady: loading, failed to load (with the reason), or unloading.
-        """
-        info = self.engine.model(name)
-        served = self.models.get(name)
-        if served is None:
-            reason = self.unavailable.get(name) or info.reason
-            why = f": {reason}" if reason else ""
-            state = info.state.lower() if info.state != ModelState.READY.value else "unavailable"
-            raise ModelNotReady(f"model '{name}' is {state}{why}")
-        if version and version != served.spec.version:
-            raise ModelNotFound(f"model '{name}' has no version '{version}' (serving version {served.spec.version})")
-        return served
 
     async def _call(self, context: Any, fn: Any, *args: Any) -> Any:
         try:

@@ -8,6 +8,7 @@ from .._proto.inference import grpc_service_pb2 as pb
 from ..errors import (
     BackendError,
     InvalidRequest,
+    ModelControlDisabled,
     ModelNotFound,
     ModelNotReady,
     QueueFull,
@@ -27,6 +28,7 @@ STATUS_FOR: dict[type[TrtServeError], grpc.StatusCode] = {
     BackendError: grpc.StatusCode.INTERNAL,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotReady: grpc.StatusCode.UNAVAILABLE,
+    ModelControlDisabled: grpc.StatusCode.UNAVAILABLE,
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,
 }
 

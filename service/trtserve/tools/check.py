@@ -113,7 +113,7 @@ async def check_model(root: Path, name: str, *, samples: int = 32, atol: float =
             alone = [(await model.infer(r))[0] for r in requests]
             stats = served.dispatcher.stats
             runs, rows = stats.batches, stats.rows
-            together = [out for out, _deadline in await asyncio.gather(*(model.infer(r) for r in requests))]
+            together = [out for out, _deadline, _version in await asyncio.gather(*(model.infer(r) for r in requests))]
             mean_batch = (stats.rows - rows) / max(stats.batches - runs, 1)
         except Exception as exc:  # the engine or the handler failing on a sample
             raise model_failure(name, "failed on a sample request", exc) from exc
