@@ -25,6 +25,7 @@ from typing import Any
 import zmq
 
 from .._proto.trtserve.v1 import control_pb2
+from ..batching.drain import QueueHint
 from ..batching.queue import Segment
 from ..errors import TrtServeError
 from ..metrics import MetricsServer, RequestStats, TrtServeCollector
@@ -174,11 +175,12 @@ class EngineCore:
     def _infer(self, peer: FrontendPeer, rid: int, model: str, version: str, priority: int,
                timeout: float | None, deadline: float, layout: wire.Layout, *, frames: list[Any]) -> None:
         self.frontend_requests[peer.index] += 1
+        served: EngineModel | None = None
         try:
             served = self.repository.get(model, version)
             future, resolved = served.submit(wire.unpack(layout, frames), priority=priority, timeout=timeout, deadline=deadline)
         except TrtServeError as exc:
-            self._send(peer.identity, wire.header("error", rid, type(exc).__name__, str(exc)))
+            self._send(peer.identity, wire.header("error", rid, type(exc).__name__, str(exc), *_hint(served)))
             return
         peer.pending[rid] = future
         future.add_done_callback(partial(self._answer, peer, rid, resolved, served))
@@ -191,21 +193,16 @@ class EngineCore:
         exc = future.exception()
         if exc is not None:
             name = type(exc).__name__ if isinstance(exc, TrtServeError) else "BackendError"
-            self._send(peer.identity, wire.header("error", rid, name, str(exc)))
+            self._send(peer.identity, wire.header("error", rid, name, str(exc), *_hint(served)))
             return
         layout, frames = wire.pack(future.result())
-        # With the answer, the least a batch of one can take: the front end refuses what
-        # cannot finish in time before it crosses.
-        hint = served.dispatcher.latency.lower_bound(1, 1)
-        self._send(peer.identity, wire.header("result", rid, deadline, layout, served.spec.name, hint), *frames)
+        self._send(peer.identity, wire.header("result", rid, deadline, layout, *_hint(served)), *frames)
 
-    def record(self, records: list[tuple[str, str, float, bool, bool]], refused: dict[str, int]) -> None:
-        """Count requests a front end answered: (model, status name, seconds, queue full?,
-        finished late?) each, and model → requests it refused on the deadline without sending."""
-        for model, code, seconds, queue_full, late in records:
-            self.requests.record(model, code, seconds, queue_full=queue_full)
-            if late:
-                self.requests.finished_late(model)
+    def record(self, records: list[tuple[str, str, float, str | None, bool]], refused: dict[str, int]) -> None:
+        """Count requests a front end answered: (model, status name, seconds, refusal reason
+        or None, finished late?) each, and model → requests it refused on the deadline without sending."""
+        for model, code, seconds, refusal, late in records:
+            self.requests.record(model, code, seconds, refusal=refusal, late=late)
         for model, count in refused.items():
             self.requests.refused_on_deadline(model, count)
 
@@ -269,6 +266,15 @@ class EngineCore:
             future.cancel()
         if pending:
             log.warning("front end (pid %d) is gone: %d of its request(s) left the queue", peer.pid, len(pending))
+
+
+def _hint(served: EngineModel | None) -> tuple[str, QueueHint] | tuple[()]:
+    """The last items of a ``result`` or ``error`` header: the model's name and its queue
+    (:class:`~trtserve.batching.drain.QueueHint`), so that the front end refuses what cannot
+    finish in time before it crosses."""
+    if served is None:
+        return ()
+    return served.spec.name, served.dispatcher.hint()
 
 
 __all__ = ["EngineCore", "FrontendPeer"]

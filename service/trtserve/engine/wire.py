@@ -20,15 +20,19 @@ kind               direction                  rest of the header, then frames
                                               None), gRPC deadline (monotonic s or inf),
                                               layout; frames: the tensors
 ``cancel``         front end → core           id
-``records``        front end → core           requests in flight at that front end, and
-                                              (model, status, seconds, queue_full,
-                                              finished_late) per answered request
+``records``        front end → core           requests in flight at that front end,
+                                              (model, status, seconds, refusal reason or
+                                              None, finished_late) per answered request,
+                                              and model → requests refused on their
+                                              deadline before crossing
 ``query``          front end → core           id, what, argument (see ``EngineCore``)
 ``table``          core → front end           loaded?, the models: (name, state, reason,
                                               spec and its serialized config, or None)
-``result``         core → front end           id, deadline, layout, model, least run time
-                                              of a batch of one (s); frames: the outputs
-``error``          core → front end           id, error class name, message
+``result``         core → front end           id, deadline, layout, model, its queue
+                                              (``batching.drain.QueueHint``); frames: the
+                                              outputs
+``error``          core → front end           id, error class name, message, and (when the
+                                              model is known) model, its queue
 ``reply``          core → front end           id, ok?, value (or error class name, message)
 =================  =========================  =============================================
 

@@ -10,6 +10,7 @@ from ..errors import (
     InvalidRequest,
     ModelNotFound,
     ModelNotReady,
+    Overloaded,
     QueueFull,
     RequestTimeout,
     ResponseTooLarge,
@@ -26,6 +27,7 @@ STATUS_FOR: dict[type[TrtServeError], grpc.StatusCode] = {
     RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
     BackendError: grpc.StatusCode.INTERNAL,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotReady: grpc.StatusCode.UNAVAILABLE,
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,
 }
