@@ -9,7 +9,7 @@ front ends refuse the same before a request crosses to the engine core, from a
   most ``(L, D)``: same or more urgent level, earlier (or equal) deadline. (Aged requests may
   go ahead of it too; they only add work, so they are left out of a lower bound.)
 * **Their work.** Those rows plus the request's own, at the low run-time estimate of a full
-  batch per row: ``rows × lower_bound(cap, length) / cap`` slot-seconds, where ``cap`` is the
+  batch per row: ``rows × lower_bound(cap, length) / cap`` slot-seconds (:func:`batch_floor`), where ``cap`` is the
   batch cap and ``length`` the shortest padded length among them. Run time is close to affine
   in rows with a positive intercept (``latency.py``), so a full batch is the cheapest per row,
   and the shortest length the cheapest per batch: a lower bound, like every refusal
@@ -49,6 +49,17 @@ HINT_POINTS = 16
 """Most queue positions a :class:`QueueHint` samples (it goes out with every answer)."""
 HINT_REFRESH_S = 0.001
 """A dispatcher recomputes its hint at most this often (seconds): an O(queue) walk."""
+
+
+def batch_floor(latency: LatencyModel, cap: int, length: int) -> float:
+    """Least run time (seconds) of a full batch of ``cap`` rows padded to ``length``: the latency
+    model's low estimate at ``cap`` rows, but no more than at the largest row bucket measured at
+    that length. (With a single measurement the model scales run time in proportion to rows,
+    which above it is no lower bound: a batch of more rows takes at least as long, and no more
+    is known.)"""
+    measured = [rows for rows in latency.curve(length) if rows <= cap]
+    low = latency.lower_bound(cap, length)
+    return min(low, latency.lower_bound(max(measured), length)) if measured else low
 
 
 def fill(free_at: Sequence[float], work: float) -> float:
@@ -130,7 +141,7 @@ def predict(entries: Sequence[QueueEntry], priority: float, deadline: float, row
             break
         ahead += entry.rows
         shortest = min(shortest, entry.length)
-    per_row = latency.lower_bound(cap, shortest) / cap
+    per_row = batch_floor(latency, cap, shortest) / cap
     start = fill(free_at, ahead * per_row)
     alone = now + latency.lower_bound(min(max(rows, 1), cap), length)
     return Wait(now, start, max(fill(free_at, (ahead + rows) * per_row), alone), alone)
@@ -222,7 +233,7 @@ def queue_hint(queue: RequestQueue, policy: BatchingPolicy, *, now: float, free_
         rows += entry.rows
         shortest = min(shortest, entry.length)
         if (i + 1) % step == 0 or i == len(entries) - 1:
-            done = fill(free_at, rows * latency.lower_bound(cap, int(shortest)) / cap)
+            done = fill(free_at, rows * batch_floor(latency, cap, int(shortest)) / cap)
             points.append((entry.priority, entry.deadline, done))
     full: list[tuple[int, float]] = []
     if free_at[0] > now:  # with a slot idle the queue moves at once
@@ -235,4 +246,4 @@ def queue_hint(queue: RequestQueue, policy: BatchingPolicy, *, now: float, free_
     return QueueHint(latency.lower_bound(1, 1), policy, free_at[0], tuple(points), tuple(full))
 
 
-__all__ = ["HINT_POINTS", "HINT_REFRESH_S", "QueueHint", "SlotEnds", "Wait", "fill", "predict", "queue_hint", "shed"]
+__all__ = ["HINT_POINTS", "HINT_REFRESH_S", "QueueHint", "batch_floor", "SlotEnds", "Wait", "fill", "predict", "queue_hint", "shed"]
