@@ -25,6 +25,7 @@ from typing import Any
 import zmq
 
 from .._proto.trtserve.v1 import control_pb2
+from ..batching.capacity import inflight_bound
 from ..batching.drain import QueueHint
 from ..batching.queue import Segment
 from ..errors import TrtServeError
@@ -101,6 +102,8 @@ class EngineCore:
                 self.repository, control_pb2.GetPolicyRequest.FromString(arg)).SerializeToString(),
             "set_policy": lambda arg: control.set_policy(
                 self.repository, control_pb2.SetPolicyRequest.FromString(arg)).SerializeToString(),
+            "inflight_bound": lambda _arg: inflight_bound(
+                [e.served.dispatcher for e in self.repository.models.values() if e.served is not None]),
         }
 
     @property
@@ -210,7 +213,8 @@ class EngineCore:
         """Answer a front end's question: ``server_ready``, ``model_ready`` ((name, version)),
         ``statistics`` ((name, version): a serialized ModelStatisticsResponse), ``index``
         (ready only?: a serialized RepositoryIndexResponse), ``get_policy`` / ``set_policy``
-        (serialized trtserve.v1 messages).
+        (serialized trtserve.v1 messages), ``inflight_bound`` (the in-flight RPC bound of a
+        front end or None: :func:`~trtserve.batching.capacity.inflight_bound`).
 
         Raises:
             TrtServeError: ModelNotFound, ModelNotReady, InvalidRequest, as the RPC answers.
