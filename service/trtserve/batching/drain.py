@@ -22,9 +22,10 @@ front ends refuse the same before a request crosses to the engine core, from a
   does better).
 
 The request's *queue wait* is ``fill(rows ahead) - now``; it finishes at the earliest at
-``max(fill(rows ahead + its rows), now + lower_bound(min(rows, cap), length))``, the second
-term being what an idle server needs. A deadline before the second term is hopeless
-(``DeadlineUnmeetable``, DEADLINE_EXCEEDED); a deadline before the first is met by an idle
+``max(fill(rows ahead + its rows), f_1 + run)``, where ``run = lower_bound(min(rows, cap),
+length)`` is the least its own first batch takes (no batch of its rows starts before a slot
+is free). An idle server needs ``now + run``: a deadline before that is hopeless
+(``DeadlineUnmeetable``, DEADLINE_EXCEEDED); a deadline before the finish is met by an idle
 server but not by this one (``Overloaded``, RESOURCE_EXHAUSTED: retry elsewhere).
 
 The hint's times are absolute (monotonic seconds): rows that arrive later only add work and
@@ -134,17 +135,18 @@ def predict(entries: Sequence[QueueEntry], priority: float, deadline: float, row
     """The :class:`Wait` of a request of ``rows`` rows padded to ``length``, queued at
     ``priority`` with ``deadline`` behind ``entries`` (the queue, in its order), with slots
     free at ``free_at`` and batches of at most ``cap`` rows (see the module docstring).
-    ``priority=math.inf`` puts it behind everything (the drain time of the whole queue)."""
-    ahead, shortest = 0, length
+    ``priority=math.inf`` puts it behind everything, and ``rows=0`` gives the drain time of
+    the whole queue as ``start``."""
+    ahead, shortest = 0, length if rows else math.inf
     for entry in entries:
         if (entry.priority, entry.deadline) > (priority, deadline):
             break
         ahead += entry.rows
         shortest = min(shortest, entry.length)
-    per_row = batch_floor(latency, cap, shortest) / cap
+    per_row = batch_floor(latency, cap, int(shortest)) / cap if ahead + rows else 0.0
     start = fill(free_at, ahead * per_row)
-    alone = now + latency.lower_bound(min(max(rows, 1), cap), length)
-    return Wait(now, start, max(fill(free_at, (ahead + rows) * per_row), alone), alone)
+    run = latency.lower_bound(min(max(rows, 1), cap), length)
+    return Wait(now, start, max(fill(free_at, (ahead + rows) * per_row), free_at[0] + run), now + run)
 
 
 @dataclass(frozen=True)
