@@ -93,6 +93,7 @@ class EngineCore:
         self.metrics: MetricsServer | None = None
         self._metrics_at = (metrics_host, metrics_port)
         self._channel: Channel | None = None
+        self._hints: dict[str, tuple[QueueHint, bytes]] = {}  # model → its last queue hint, pickled
         self._queries: dict[str, Callable[[Any], Any]] = {
             "server_ready": lambda _arg: self.loaded and self.repository.ready,
             "model_ready": lambda arg: statistics.model_ready(self.repository, *arg),
@@ -183,7 +184,7 @@ class EngineCore:
             served = self.repository.get(model, version)
             future, resolved = served.submit(wire.unpack(layout, frames), priority=priority, timeout=timeout, deadline=deadline)
         except TrtServeError as exc:
-            self._send(peer.identity, wire.header("error", rid, type(exc).__name__, str(exc), *_hint(served)))
+            self._send(peer.identity, wire.header("error", rid, type(exc).__name__, str(exc), *self._hint(served)))
             return
         peer.pending[rid] = future
         future.add_done_callback(partial(self._answer, peer, rid, resolved, served))
@@ -196,10 +197,10 @@ class EngineCore:
         exc = future.exception()
         if exc is not None:
             name = type(exc).__name__ if isinstance(exc, TrtServeError) else "BackendError"
-            self._send(peer.identity, wire.header("error", rid, name, str(exc), *_hint(served)))
+            self._send(peer.identity, wire.header("error", rid, name, str(exc), *self._hint(served)))
             return
         layout, frames = wire.pack(future.result())
-        self._send(peer.identity, wire.header("result", rid, deadline, layout, *_hint(served)), *frames)
+        self._send(peer.identity, wire.header("result", rid, deadline, layout, *self._hint(served)), *frames)
 
     def record(self, records: list[tuple[str, str, float, str | None, bool]], refused: dict[str, int]) -> None:
         """Count requests a front end answered: (model, status name, seconds, refusal reason
@@ -242,6 +243,19 @@ class EngineCore:
         assert self._channel is not None
         self._channel.send((identity, *frames))
 
+    def _hint(self, served: EngineModel | None) -> tuple[str, bytes] | tuple[()]:
+        """The last items of a ``result`` or ``error`` header: the model's name and its queue
+        (:class:`~trtserve.batching.drain.QueueHint`, pickled once per refresh of the
+        dispatcher's hint), so that the front end refuses what cannot finish in time before
+        it crosses."""
+        if served is None:
+            return ()
+        hint = served.dispatcher.hint()
+        cached = self._hints.get(served.spec.name)
+        if cached is None or cached[0] is not hint:
+            cached = self._hints[served.spec.name] = (hint, wire.header(hint))
+        return served.spec.name, cached[1]
+
     # -- front ends that die --------------------------------------------------------------
 
     def _watch(self, peer: FrontendPeer) -> None:
@@ -270,15 +284,6 @@ class EngineCore:
             future.cancel()
         if pending:
             log.warning("front end (pid %d) is gone: %d of its request(s) left the queue", peer.pid, len(pending))
-
-
-def _hint(served: EngineModel | None) -> tuple[str, QueueHint] | tuple[()]:
-    """The last items of a ``result`` or ``error`` header: the model's name and its queue
-    (:class:`~trtserve.batching.drain.QueueHint`), so that the front end refuses what cannot
-    finish in time before it crosses."""
-    if served is None:
-        return ()
-    return served.spec.name, served.dispatcher.hint()
 
 
 __all__ = ["EngineCore", "FrontendPeer"]

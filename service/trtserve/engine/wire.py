@@ -2,7 +2,8 @@
 
 A front end holds one DEALER socket connected to the engine core's ROUTER socket (``ipc://``
 in a private directory). A message is a multipart ZeroMQ message: one *header* frame (a small
-tuple of plain values: strings, numbers, tuples, pickled) followed by zero or more *tensor*
+tuple of plain values: strings, numbers, tuples, this package's frozen dataclasses, pickled)
+followed by zero or more *tensor*
 frames, each the raw bytes of one array. Arrays are never pickled: a sender hands ZeroMQ the
 array's own buffer (``copy=False``: frames above pyzmq's copy threshold, 64 KiB, go without a
 copy) and a receiver views the frame as an array (``np.frombuffer``, no copy). BYTES tensors
@@ -29,8 +30,9 @@ kind               direction                  rest of the header, then frames
 ``table``          core → front end           loaded?, the models: (name, state, reason,
                                               spec and its serialized config, or None)
 ``result``         core → front end           id, deadline, layout, model, its queue
-                                              (``batching.drain.QueueHint``); frames: the
-                                              outputs
+                                              (``batching.drain.QueueHint`` as a header
+                                              of its own: pickled once per refresh);
+                                              frames: the outputs
 ``error``          core → front end           id, error class name, message, and (when the
                                               model is known) model, its queue
 ``reply``          core → front end           id, ok?, value (or error class name, message)

@@ -113,6 +113,7 @@ class EngineClient(EngineView):
         self._records: list[tuple[str, str, float, str | None, bool]] = []
         self._refused: Counter[str] = Counter()  # model → refused here, on the deadline, since the last flush
         self._hints: dict[str, QueueHint] = {}  # model → its queue, as the core's last answer said
+        self._hint_frames: dict[str, bytes] = {}  # ... and as it came (read again only when it changes)
         self._active = 0
         self._sent_active = 0
         self._flush_scheduled = False
@@ -240,6 +241,11 @@ class EngineClient(EngineView):
             self._sent_active = self._active
             self._send(wire.header("records", self._active, records, refused))
 
+    def _take_hint(self, model: str, frame: bytes) -> None:
+        if self._hint_frames.get(model) != frame:
+            self._hint_frames[model] = frame
+            (self._hints[model],) = wire.read_header(frame)
+
     def _send(self, *frames: Any) -> None:
         assert self._channel is not None
         self._channel.send(frames)
@@ -262,11 +268,11 @@ class EngineClient(EngineView):
             return  # cancelled meanwhile
         if kind == "result":
             _, _, deadline, layout, model, hint = head
-            self._hints[model] = hint
+            self._take_hint(model, hint)
             future.set_result((wire.unpack(layout, frames), deadline))
         elif kind == "error":
             if len(head) > 4:
-                self._hints[head[4]] = head[5]
+                self._take_hint(head[4], head[5])
             future.set_exception(wire.error_of(head[2], head[3]))
         elif kind == "reply":
             _, _, ok, value = head
