@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
-from integration.test_ops import sample, scrape
+from integration.test_ops import free_port, sample, scrape
 from reliability.harness import row as probe_row
 from reliability.harness import wait_for, write_probe
 
 from trtserve.batching.capacity import best_rows_per_second
-from trtserve.client import build_request
+from trtserve.client import Client, build_request
+from trtserve.tools.process import ServerProcess
 
 
 def row(rid: float):
@@ -215,3 +218,25 @@ def test_stream_messages_are_refused_with_their_own_id(make_server, tmp_path):
     assert answers["tight"].infer_response.parameters["error_code"].string_param == "RESOURCE_EXHAUSTED"
     assert "overloaded: predicted queue wait" in answers["tight"].error_message
     assert not answers["loose"].error_message
+
+
+def test_the_process_tree_serves_with_the_automatic_bound(tmp_path):
+    # `trtserve serve`'s front end hands its port over to a bounded server (2 queued + 1
+    # running) before it reports ready.
+    write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=500, dynamic="default_queue_policy { max_queue_size: 2 }")
+    metrics = free_port()
+    with (ServerProcess(tmp_path, "--frontends", "2", "--metrics-port", str(metrics)) as srv, Client(srv.url) as c,
+          ThreadPoolExecutor(3) as pool):
+        held = [pool.submit(c.infer, "slow", row(1.0 + i), timeout=60) for i in range(3)]
+        assert wait_for(lambda: sample(scrape(metrics), "trtserve_inflight_requests") == 3, 30)
+        # One connection stays with one front end: a fourth call exceeds its bound.
+        code, details = details_of(c.infer, "slow", row(9.0), timeout=60)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "Concurrent RPC limit" in details, details
+        assert all(f.result() is not None for f in held)
+
+
+def test_a_bad_inflight_bound_is_refused_at_start(engines):
+    done = subprocess.run([sys.executable, "-m", "trtserve", "serve", "--model-repository", str(engines),
+                           "--max-inflight-rpcs", "many"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--max-inflight-rpcs must be 'auto' or a whole number >= 0 (0: no bound), got 'many'" in done.stderr
