@@ -54,14 +54,16 @@ class FrontendServer:
         self.server = make(limit)
         self.limit = limit
         self.bounded = asyncio.Event()
+        self._made = [self.server]  # every server made here: stop() stops them all
         self._handover: asyncio.Task[None] | None = None
 
     async def stop(self, grace: float | None) -> None:
-        """Stop serving (``grpc.aio.Server.stop``), and any pending hand-over."""
+        """Stop serving (``grpc.aio.Server.stop`` of the server listening now, and of one still
+        handing over or being handed over to)."""
         if self._handover is not None:
             self._handover.cancel()
             await asyncio.gather(self._handover, return_exceptions=True)
-        await self.server.stop(grace)
+        await asyncio.gather(*(server.stop(grace) for server in self._made))
 
     def hand_over_when_loaded(self, engine: Engine) -> None:
         """Once ``engine`` has loaded its models, serve with the bound they give."""
@@ -75,11 +77,14 @@ class FrontendServer:
                      "into an unbounded queue: set default_timeout or max_queue_size, or --max-inflight-rpcs)")
             self.bounded.set()
             return
-        loading, self.server, self.limit = self.server, self._make(limit), limit
-        await self.server.start()
+        bounded = self._make(limit)
+        self._made.append(bounded)
+        await bounded.start()
+        loading, self.server, self.limit = self.server, bounded, limit
         self.bounded.set()
         log.info("front end: at most %d RPCs in flight (measured capacity x longest default timeout)", limit)
         await loading.stop(HANDOVER_GRACE_S)
+        self._made.remove(loading)
 
 
 async def start_frontend(
