@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from fakes import FakeBackend, rows
 from trtserve.batching.dispatcher import Dispatcher
 from trtserve.clock import FakeClock, settle

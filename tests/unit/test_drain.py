@@ -7,8 +7,14 @@ import math
 
 import numpy as np
 import pytest
-
-from trtserve.batching.drain import QueueHint, batch_floor, fill, predict, queue_hint, shed
+from trtserve.batching.drain import (
+    QueueHint,
+    batch_floor,
+    fill,
+    predict,
+    queue_hint,
+    shed,
+)
 from trtserve.batching.latency import LatencyModel
 from trtserve.batching.queue import QueueEntry, RequestQueue
 from trtserve.config import BatchingPolicy, QueuePolicy

@@ -248,4 +248,4 @@ def queue_hint(queue: RequestQueue, policy: BatchingPolicy, *, now: float, free_
     return QueueHint(latency.lower_bound(1, 1), policy, free_at[0], tuple(points), tuple(full))
 
 
-__all__ = ["HINT_POINTS", "HINT_REFRESH_S", "QueueHint", "batch_floor", "SlotEnds", "Wait", "fill", "predict", "queue_hint", "shed"]
+__all__ = ["HINT_POINTS", "HINT_REFRESH_S", "QueueHint", "SlotEnds", "Wait", "batch_floor", "fill", "predict", "queue_hint", "shed"]

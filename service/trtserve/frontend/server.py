@@ -168,7 +168,7 @@ async def start_frontend(
             raise RuntimeError(f"cannot listen on {address}")
         return server
 
-    frontend = FrontendServer(make, None if auto else max_inflight_rpcs or None)
+    frontend = FrontendServer(make, None if isinstance(max_inflight_rpcs, str) else max_inflight_rpcs or None)
     await service.update_health()
     await frontend.server.start()
     if auto:
