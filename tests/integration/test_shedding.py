@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
+import pytest
 from integration.test_ops import free_port, sample, scrape
 from reliability.harness import row as probe_row
 from reliability.harness import wait_for, write_probe
@@ -219,12 +220,13 @@ def test_stream_messages_are_refused_with_their_own_id(make_server, tmp_path):
     assert not answers["loose"].error_message
 
 
-def test_the_process_tree_serves_with_the_automatic_bound(tmp_path):
-    # `trtserve serve`'s front end hands its port over to a bounded server (2 queued + 1
-    # running) before it reports ready.
+@pytest.mark.parametrize("frontends", ["1", "2"])  # in process (LocalEngine), and the process tree
+def test_trtserve_serve_hands_over_to_the_automatic_bound(tmp_path, frontends):
+    # Each front end hands its port over to a bounded server (2 queued + 1 running) before it
+    # reports ready.
     write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=500, dynamic="default_queue_policy { max_queue_size: 2 }")
     metrics = free_port()
-    with (ServerProcess(tmp_path, "--frontends", "2", "--metrics-port", str(metrics)) as srv, Client(srv.url) as c,
+    with (ServerProcess(tmp_path, "--frontends", frontends, "--metrics-port", str(metrics)) as srv, Client(srv.url) as c,
           ThreadPoolExecutor(3) as pool):
         held = [pool.submit(c.infer, "slow", row(1.0 + i), timeout=60) for i in range(3)]
         assert wait_for(lambda: sample(scrape(metrics), "trtserve_inflight_requests") == 3, 30)
