@@ -87,6 +87,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
                        help="largest request message in bytes, when it should differ from --max-message-bytes (default: 0, the same)")
     serve.add_argument("--stream-inflight", type=int, default=DEFAULT_STREAM_INFLIGHT,
                        help=f"requests of one stream processed at once before reading pauses (default: {DEFAULT_STREAM_INFLIGHT})")
+    serve.add_argument("--max-inflight-rpcs", default="auto",
+                       help="most RPCs in progress per front end; more are answered RESOURCE_EXHAUSTED by grpc before they "
+                            "are read (a stream counts as one). 'auto' (default): the models' measured capacity x their "
+                            "longest default timeout (none where a model has neither default_timeout nor max_queue_size); "
+                            "0: no bound")
     serve.add_argument("--cpu-workers", type=int, default=2, help="threads per front end for handler pre/post-processing (default: 2)")
     serve.add_argument("--intra-op-threads", type=int, default=0, help="ONNX Runtime threads per session (default: 0, one per core)")
     serve.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish queued work on SIGTERM or SIGINT (default: 30)")
@@ -171,6 +176,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"trtserve serve: --frontends must be 'auto' or a whole number >= 1, got '{args.frontends}'", file=sys.stderr)
         return 2
+    try:
+        inflight: int | str = "auto" if args.max_inflight_rpcs == "auto" else int(args.max_inflight_rpcs)
+        if inflight != "auto" and int(inflight) < 0:
+            raise ValueError
+    except ValueError:
+        print(f"trtserve serve: --max-inflight-rpcs must be 'auto' or a whole number >= 0 (0: no bound), "
+              f"got '{args.max_inflight_rpcs}'", file=sys.stderr)
+        return 2
     if frontends > (os.cpu_count() or 1):
         log.warning("--frontends %d is more than this machine's %d cores: the front ends will compete for them",
                     frontends, os.cpu_count() or 1)
@@ -191,6 +204,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_receive_bytes=args.max_receive_bytes or None,
             stream_inflight=args.stream_inflight,
             max_request_elements=args.max_request_elements or None,
+            max_inflight_rpcs=inflight,
             **security,
         ),
         cpu_workers=args.cpu_workers,

@@ -11,22 +11,34 @@ status codes in one table (:data:`trtserve.server.STATUS_FOR`). Nothing else imp
     ├── Unsupported          permanent  UNIMPLEMENTED       valid, but not something trtserve does
     ├── ResponseTooLarge     permanent  RESOURCE_EXHAUSTED  this answer exceeds the send limit
     ├── RequestTimeout       permanent  DEADLINE_EXCEEDED   the deadline passed before it could run
+    │   └── DeadlineUnmeetable            DEADLINE_EXCEEDED   refused at admission: even an idle server is too slow
     ├── BackendError         permanent  INTERNAL            the engine failed on this batch
     └── Retryable            (retry later, elsewhere or after backoff)
         ├── QueueFull        RESOURCE_EXHAUSTED  the model's queue is at max_queue_size
+        ├── Overloaded       RESOURCE_EXHAUSTED  the work queued ahead would make it miss its deadline
         ├── ModelNotReady    UNAVAILABLE         loading, failed to load, or unloading
         ├── ModelControlDisabled  UNAVAILABLE    load/unload asked for outside explicit mode
         └── ShuttingDown     UNAVAILABLE         the server is draining
 
 Triton answers UNAVAILABLE for a full queue and for an expired request; trtserve uses the
 codes gRPC defines for those cases (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED) on purpose.
+
+A refusal at admission carries a :attr:`TrtServeError.refusal` reason (``queue_full``,
+``queue_wait``, ``deadline_unmeetable``): the label of ``trtserve_rejected_total``.
 """
 
 from __future__ import annotations
 
 
 class TrtServeError(Exception):
-    """Base of every error trtserve raises on purpose. The message is sent to the caller."""
+    """Base of every error trtserve raises on purpose. The message is sent to the caller.
+
+    Attributes:
+        refusal: for a request refused at admission (never queued), the reason counted in
+            ``trtserve_rejected_total``; ``None`` otherwise.
+    """
+
+    refusal: str | None = None
 
 
 class InvalidRequest(TrtServeError):
@@ -51,6 +63,13 @@ class RequestTimeout(TrtServeError):
     """The request's deadline passed (or would pass before it could finish), so it was not run."""
 
 
+class DeadlineUnmeetable(RequestTimeout):
+    """Refused at admission: the request's deadline comes before even a batch of its rows
+    started now on an idle server could finish (the latency model's low estimate)."""
+
+    refusal = "deadline_unmeetable"
+
+
 class BackendError(TrtServeError):
     """The engine (ONNX Runtime, TensorRT, a Python model) failed while running a batch.
 
@@ -65,6 +84,16 @@ class Retryable(TrtServeError):
 
 class QueueFull(Retryable):
     """The model's queue holds ``max_queue_size`` requests already; nothing was queued."""
+
+    refusal = "queue_full"
+
+
+class Overloaded(Retryable):
+    """Refused at admission: the deadline could be met by an idle server, but not behind the
+    work queued ahead of this request (its predicted queue wait, :mod:`trtserve.batching.drain`);
+    retry on another server or later."""
+
+    refusal = "queue_wait"
 
 
 class ModelNotReady(Retryable):
@@ -82,10 +111,12 @@ class ShuttingDown(Retryable):
 
 __all__ = [
     "BackendError",
+    "DeadlineUnmeetable",
     "InvalidRequest",
     "ModelControlDisabled",
     "ModelNotFound",
     "ModelNotReady",
+    "Overloaded",
     "QueueFull",
     "RequestTimeout",
     "ResponseTooLarge",

@@ -5,7 +5,7 @@ pays for one :meth:`RequestStats.record` per request and nothing else:
 
 * :class:`RequestStats`: the outcome and duration of every request, recorded once by the gRPC
   layer when the answer is ready (per model and status code), plus deadlines finished late,
-  queue-full rejections and the time of the last success.
+  refusals at admission by reason, answers in time (goodput) and the time of the last success.
 * each model's :class:`~trtserve.batching.stats.DispatchStats`: batches, rows, queue and
   compute time, padding, expired requests, updated by its dispatcher.
 
@@ -27,7 +27,10 @@ trtserve_slots / trtserve_slots_busy        gauge      model
 trtserve_slot_busy_seconds_total            counter    model
 trtserve_slot_busy_ratio                    gauge      model (since the previous scrape)
 trtserve_deadline_exceeded_total            counter    model, when = before_run | finished_late
-trtserve_rejected_total                     counter    model, reason = queue_full
+trtserve_rejected_total                     counter    model, reason = queue_full | queue_wait |
+                                                       deadline_unmeetable
+trtserve_goodput_requests_total             counter    model (answered OK within the deadline)
+trtserve_queue_drain_seconds                gauge      model (predicted, of everything queued)
 trtserve_padding_ratio                      gauge      model
 trtserve_padding_elements_total             counter    model
 trtserve_batch_elements_total               counter    model
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -62,6 +66,9 @@ if TYPE_CHECKING:
 UNKNOWN_MODEL = "_unknown"
 """The ``model`` label of requests naming no model of the repository (keeps label values bounded)."""
 
+REFUSALS = ("queue_full", "queue_wait", "deadline_unmeetable")
+"""The ``reason`` labels of ``trtserve_rejected_total`` (``TrtServeError.refusal``)."""
+
 BATCH_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -72,7 +79,8 @@ class ModelRequests:
     Attributes:
         by_code: gRPC status name → durations (seconds, from decode to encoded response).
         finished_late: requests answered OK after their deadline had passed.
-        queue_full: requests refused because the model's queue was full.
+        on_time: requests answered OK by their deadline (or without one): the goodput.
+        refused: refusal reason (``TrtServeError.refusal``) → requests refused at admission.
         refused_on_deadline: requests a front end refused DEADLINE_EXCEEDED before they crossed
             to the engine core (their deadline came before a batch of one could finish).
         last_success: clock time of the last successful answer (``None`` before one).
@@ -80,7 +88,8 @@ class ModelRequests:
 
     by_code: dict[str, Histogram] = field(default_factory=dict)
     finished_late: int = 0
-    queue_full: int = 0
+    on_time: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
     refused_on_deadline: int = 0
     last_success: float | None = None
 
@@ -113,8 +122,10 @@ class RequestStats:
             entry = self.models[model] = ModelRequests()
         return entry
 
-    def record(self, model: str, code: str, seconds: float, *, queue_full: bool = False) -> None:
-        """Count one answered request of ``model`` with status ``code`` that took ``seconds``."""
+    def record(self, model: str, code: str, seconds: float, *, refusal: str | None = None, late: bool = False) -> None:
+        """Count one answered request of ``model`` with status ``code`` that took ``seconds``;
+        ``refusal``: the reason it was refused at admission, if it was; ``late``: answered OK
+        after its deadline (not goodput)."""
         entry = self._entry(model)
         hist = entry.by_code.get(code)
         if hist is None:
@@ -122,16 +133,16 @@ class RequestStats:
         hist.observe(seconds)
         if code == "OK":
             entry.last_success = self.clock.now()
-        elif queue_full:
-            entry.queue_full += 1
+            if late:
+                entry.finished_late += 1
+            else:
+                entry.on_time += 1
+        elif refusal is not None:
+            entry.refused[refusal] += 1
 
     def refused_on_deadline(self, model: str, count: int = 1) -> None:
         """Count requests of ``model`` that a front end refused on their deadline before they crossed."""
         self._entry(model).refused_on_deadline += count
-
-    def finished_late(self, model: str) -> None:
-        """Count a request of ``model`` whose outputs were ready only after its deadline."""
-        self._entry(model).finished_late += 1
 
     def last_inference_ms(self, model: str) -> int:
         """Milliseconds since the Unix epoch of the model's last success (0 if none)."""
@@ -192,7 +203,14 @@ class TrtServeCollector:
             "Requests past their deadline: answered DEADLINE_EXCEEDED before running (before_run) or answered after the deadline (finished_late).",
             labels=["model", "when"],
         )
-        rejected = CounterMetricFamily("trtserve_rejected", "Requests refused before queueing, by reason.", labels=["model", "reason"])
+        rejected = CounterMetricFamily(
+            "trtserve_rejected",
+            "Requests refused at admission, before queueing: queue_full (max_queue_size), queue_wait (the predicted "
+            "queue wait leaves no time before the deadline), deadline_unmeetable (not even an idle server could).",
+            labels=["model", "reason"],
+        )
+        goodput = CounterMetricFamily("trtserve_goodput_requests", "Requests answered OK within their deadline (or without one).",
+                                      labels=["model"])
         late: dict[str, int] = {}
         early: dict[str, int] = {}
         for model, entry in sorted(list(self.requests.models.items())):
@@ -203,14 +221,17 @@ class TrtServeCollector:
             late[model] = entry.finished_late
             early[model] = entry.refused_on_deadline
             if model != UNKNOWN_MODEL:
-                rejected.add_metric([model, "queue_full"], entry.queue_full)
+                refused = dict(entry.refused)
+                for reason in REFUSALS:
+                    rejected.add_metric([model, reason], refused.get(reason, 0))
+                goodput.add_metric([model], entry.on_time)
         for name, dispatcher in self._dispatchers():
             stats = dispatcher.stats
             deadline.add_metric([name, "before_run"], stats.expired_before_run + early.get(name, 0))
             # finished_late: the dispatcher answered DEADLINE_EXCEEDED while the batch ran, or
             # the answer was ready (OK) only after the deadline.
             deadline.add_metric([name, "finished_late"], stats.finished_late + late.get(name, 0))
-        yield from (count, duration, deadline, rejected)
+        yield from (count, duration, deadline, rejected, goodput)
 
     def _dispatchers(self) -> list[tuple[str, Dispatcher]]:
         """(name, dispatcher) of every loaded model, by name."""
@@ -244,6 +265,12 @@ class TrtServeCollector:
         )
         arrival = GaugeMetricFamily("trtserve_arrival_rate_rows", "Rows per second arriving, as the dispatcher estimates it.", labels=["model"])
         cap = GaugeMetricFamily("trtserve_batch_cap_rows", "Most rows the next batch may take (the adaptive cap, or max_batch_size).", labels=["model"])
+        drain = GaugeMetricFamily(
+            "trtserve_queue_drain_seconds",
+            "Predicted time until every queued row and running batch is done, at the latency model's low estimate "
+            "(what admission compares with deadlines).",
+            labels=["model"],
+        )
         now = self.clock.now()
         for name, entry in sorted(list(self.repository.models.items())):
             healthy = entry.served is None or entry.served.dispatcher.healthy
@@ -269,6 +296,8 @@ class TrtServeCollector:
             unhealthy.add_metric(labels, len(dispatcher.unhealthy_slots))
             arrival.add_metric(labels, dispatcher.arrivals.rate(now))
             cap.add_metric(labels, dispatcher.cap)
+            wait = dispatcher.predict_wait(math.inf, math.inf, 0)
+            drain.add_metric(labels, wait.start - wait.now)
             for length in dispatcher.latency.lengths:
                 for rows, seconds in dispatcher.latency.curve(length).items():
                     predicted.add_metric([name, str(rows), str(length)], seconds)
@@ -282,7 +311,7 @@ class TrtServeCollector:
             pad_elems.add_metric(labels, stats.padded_elements - stats.real_elements)
             all_elems.add_metric(labels, stats.padded_elements)
         yield from (queue_time, compute, batch, depth, queued_rows, slots, busy_now, busy_total, busy_ratio, padding, pad_elems, all_elems,
-                    ready, unhealthy, predicted, arrival, cap)
+                    ready, unhealthy, predicted, arrival, cap, drain)
 
 
 class MetricsServer:

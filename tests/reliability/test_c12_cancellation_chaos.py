@@ -4,7 +4,9 @@ Probe model with T = 200 ms per batch, max batch 8, one instance; its warm-up is
 the latency model starts out optimistic and short-deadline requests really are queued (and
 must be dropped) until it learns. For 15 s (the case: 60 s) 32 client workers mix:
 
-* 40% requests with a 50 ms gRPC deadline  -> DEADLINE_EXCEEDED;
+* 40% requests with a 50 ms gRPC deadline  -> DEADLINE_EXCEEDED, or RESOURCE_EXHAUSTED where
+  admission refuses one because the work queued ahead leaves it no time (issue 16: overloaded,
+  retry elsewhere), never OK;
 * 20% sent as futures and cancelled after 0-300 ms  -> CANCELLED (or OK if already answered);
 * 10% on a channel of their own that the client closes 0-300 ms in (the TCP connection goes
   away mid-request)  -> CANCELLED on the client;
@@ -127,7 +129,8 @@ def test_chaos_then_normal_traffic_is_served_and_everything_returns_to_baseline(
 
     assert codes == Counter(OK=100)
     assert np.percentile(latencies, 99) < 3.0  # two 200 ms batches ahead at most, plus overhead (and a loaded box)
-    assert set(outcomes["deadline"]) == {"DEADLINE_EXCEEDED"}
+    assert set(outcomes["deadline"]) <= {"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}
+    assert outcomes["deadline"]["DEADLINE_EXCEEDED"] > 0
     assert set(outcomes["cancel"]) <= {"CANCELLED", "OK"} and outcomes["cancel"]["CANCELLED"] > 0
     assert set(outcomes["disconnect"]) <= {"CANCELLED", "OK"} and outcomes["disconnect"]["CANCELLED"] > 0
     assert set(outcomes["normal"]) == {"OK"}

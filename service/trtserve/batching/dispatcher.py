@@ -22,6 +22,7 @@ from ..clock import Clock, MonotonicClock
 from ..errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
 from ..runtimes.base import Abortable, Backend, Batch, unpack
 from ..config import BatchingPolicy, TimeoutAction
+from .drain import HINT_REFRESH_S, QueueHint, SlotEnds, Wait, predict, queue_hint
 from .latency import LatencyModel
 from .policy import Inputs, adaptive_cap, decide
 from .queue import Piece, QueueEntry, RequestQueue, Segment
@@ -80,6 +81,9 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._ends = SlotEnds(backend.slots)  # admission's view of the running batches
+        self._hint: QueueHint | None = None
+        self._hint_at = -math.inf
 
     # -- public API ---------------------------------------------------------------------
 
@@ -108,9 +112,13 @@ class Dispatcher:
             rows). Cancelling it takes the request out of the queue at once.
 
         Raises:
-            ShuttingDown: the dispatcher is closing (retryable elsewhere).
-            QueueFull: the queue is at ``max_queue_size`` (retryable).
-            RequestTimeout: the deadline cannot be met even by a batch of one started now.
+            ShuttingDown (UNAVAILABLE): the dispatcher is closing (retryable elsewhere).
+            QueueFull (RESOURCE_EXHAUSTED): the queue is at ``max_queue_size`` (retryable).
+            Overloaded (RESOURCE_EXHAUSTED): an idle server could meet the deadline, but the
+                rows queued ahead of this request and the running batches leave no time
+                (:mod:`~trtserve.batching.drain`; the message gives the predicted wait in ms).
+            DeadlineUnmeetable (DEADLINE_EXCEEDED): the deadline cannot be met even by its
+                rows run now on an idle slot (the latency model's low estimate).
         """
         if self._closing:
             raise ShuttingDown("the server is shutting down and accepts no new requests")
@@ -118,14 +126,34 @@ class Dispatcher:
         level = self.policy.level(priority)
         future: asyncio.Future[list[Segment]] = asyncio.get_running_loop().create_future()
         entry = QueueEntry(segments, level, level, deadline, now, future)
-        if deadline < now + self.latency.lower_bound(1, entry.length):
-            self.stats.expired_before_run += 1
-            raise RequestTimeout("the request's deadline passed before it could run")
+        refusal = self.predict_wait(level, deadline, entry.rows, entry.length).refusal(deadline)
+        if refusal is not None:
+            if isinstance(refusal, RequestTimeout):
+                self.stats.expired_before_run += 1
+            raise refusal
         self.queue.push(entry, self.policy.queue_policy(level).max_queue_size)
         self.arrivals.observe(now, entry.rows)
         future.add_done_callback(lambda _f: self._on_done(entry))
         self._wake.set()
         return future
+
+    def predict_wait(self, priority: float, deadline: float, rows: int, length: int = 1) -> Wait:
+        """The predicted wait of a request of ``rows`` rows padded to ``length`` arriving now at
+        level ``priority`` with ``deadline`` (monotonic seconds): see :func:`~trtserve.batching.drain.predict`.
+        ``priority=math.inf``: behind everything queued (the drain time of the queue)."""
+        now = self.clock.now()
+        return predict(self.queue.entries, priority, deadline, rows, length, now=now,
+                       free_at=self._ends.free_at(now, self._idle), cap=self.cap, latency=self.latency)
+
+    def hint(self) -> QueueHint:
+        """The queue as front ends see it (:class:`~trtserve.batching.drain.QueueHint`), at
+        most ``HINT_REFRESH_S`` old."""
+        now = self.clock.now()
+        if self._hint is None or now - self._hint_at > HINT_REFRESH_S:
+            self._hint_at = now
+            self._hint = queue_hint(self.queue, self.policy, now=now, free_at=self._ends.free_at(now, self._idle),
+                                    cap=self.cap, latency=self.latency)
+        return self._hint
 
     def set_policy(self, policy: BatchingPolicy) -> None:
         """Replace the batching policy; it applies from the next decision on. Queued and
@@ -231,6 +259,7 @@ class Dispatcher:
         predicted = self.latency.predict(rows, max(p.entry.length for p in pieces))
         now = self.clock.now()
         self._hang_at[slot] = (now, now + max(HANG_FACTOR * predicted, HANG_MIN_S))
+        self._ends.started(slot, now, self.latency.lower_bound(rows, max(p.entry.length for p in pieces)))
         for piece in pieces:
             self._inflight[piece.entry] = None
         task = asyncio.get_running_loop().create_task(self._run(slot, pieces))

@@ -25,6 +25,8 @@ from typing import Any
 import zmq
 
 from .._proto.trtserve.v1 import control_pb2
+from ..batching.capacity import inflight_bound
+from ..batching.drain import QueueHint
 from ..batching.queue import Segment
 from ..errors import TrtServeError
 from ..metrics import MetricsServer, RequestStats, TrtServeCollector
@@ -100,6 +102,7 @@ class EngineCore:
         self.metrics: MetricsServer | None = None
         self._metrics_at = (metrics_host, metrics_port)
         self._channel: Channel | None = None
+        self._hints: dict[str, tuple[QueueHint, bytes]] = {}  # model → its last queue hint, pickled
         self._queries: dict[str, Callable[[Any], Any]] = {
             "server_ready": lambda _arg: self.loaded and self.lifecycle.ready,
             "model_ready": lambda arg: statistics.model_ready(self.repository, *arg),
@@ -111,6 +114,8 @@ class EngineCore:
                 self.repository, control_pb2.GetPolicyRequest.FromString(arg)).SerializeToString(),
             "set_policy": lambda arg: control.set_policy(
                 self.repository, control_pb2.SetPolicyRequest.FromString(arg)).SerializeToString(),
+            "inflight_bound": lambda _arg: inflight_bound(
+                [m.dispatcher for e in self.repository.models.values() for m in e.versions.values()]),
         }
 
     @property
@@ -186,11 +191,12 @@ class EngineCore:
     def _infer(self, peer: FrontendPeer, rid: int, model: str, version: str, priority: int,
                timeout: float | None, deadline: float, layout: wire.Layout, *, frames: list[Any]) -> None:
         self.frontend_requests[peer.index] += 1
+        served: EngineModel | None = None
         try:
             served = self.repository.get(model, version)
             future, resolved = served.submit(wire.unpack(layout, frames), priority=priority, timeout=timeout, deadline=deadline)
         except TrtServeError as exc:
-            self._send(peer.identity, wire.header("error", rid, type(exc).__name__, str(exc)))
+            self._send(peer.identity, wire.header("error", rid, type(exc).__name__, str(exc), *self._hint(served)))
             return
         peer.pending[rid] = future
         future.add_done_callback(partial(self._answer, peer, rid, resolved, served))
@@ -203,22 +209,16 @@ class EngineCore:
         exc = future.exception()
         if exc is not None:
             name = type(exc).__name__ if isinstance(exc, TrtServeError) else "BackendError"
-            self._send(peer.identity, wire.header("error", rid, name, str(exc)))
+            self._send(peer.identity, wire.header("error", rid, name, str(exc), *self._hint(served)))
             return
         layout, frames = wire.pack(future.result())
-        # With the answer, the least a batch of one can take: the front end refuses what
-        # cannot finish in time before it crosses.
-        hint = served.dispatcher.latency.lower_bound(1, 1)
-        spec = served.spec
-        self._send(peer.identity, wire.header("result", rid, deadline, layout, spec.name, spec.version, hint), *frames)
+        self._send(peer.identity, wire.header("result", rid, deadline, layout, served.spec.version, *self._hint(served)), *frames)
 
-    def record(self, records: list[tuple[str, str, float, bool, bool]], refused: dict[str, int]) -> None:
-        """Count requests a front end answered: (model, status name, seconds, queue full?,
-        finished late?) each, and model → requests it refused on the deadline without sending."""
-        for model, code, seconds, queue_full, late in records:
-            self.requests.record(model, code, seconds, queue_full=queue_full)
-            if late:
-                self.requests.finished_late(model)
+    def record(self, records: list[tuple[str, str, float, str | None, bool]], refused: dict[str, int]) -> None:
+        """Count requests a front end answered: (model, status name, seconds, refusal reason
+        or None, finished late?) each, and model → requests it refused on the deadline without sending."""
+        for model, code, seconds, refusal, late in records:
+            self.requests.record(model, code, seconds, refusal=refusal, late=late)
         for model, count in refused.items():
             self.requests.refused_on_deadline(model, count)
 
@@ -228,7 +228,8 @@ class EngineCore:
         (ready only?: a serialized RepositoryIndexResponse), ``get_policy`` / ``set_policy``
         (serialized trtserve.v1 messages); ``load`` / ``unload`` ((name, parameters)) return
         a coroutine that finishes once the model is served or unloaded (see
-        :class:`~trtserve.engine.lifecycle.ModelLifecycle`).
+        :class:`~trtserve.engine.lifecycle.ModelLifecycle`), and ``inflight_bound`` (the
+        in-flight RPC bound of a front end or None: :func:`~trtserve.batching.capacity.inflight_bound`).
 
         Raises:
             TrtServeError: ModelNotFound, ModelNotReady, InvalidRequest, as the RPC answers.
@@ -283,6 +284,19 @@ class EngineCore:
     def _send(self, identity: bytes, *frames: Any) -> None:
         assert self._channel is not None
         self._channel.send((identity, *frames))
+
+    def _hint(self, served: EngineModel | None) -> tuple[str, bytes] | tuple[()]:
+        """The last items of a ``result`` or ``error`` header: the model's name and its queue
+        (:class:`~trtserve.batching.drain.QueueHint`, pickled once per refresh of the
+        dispatcher's hint), so that the front end refuses what cannot finish in time before
+        it crosses."""
+        if served is None:
+            return ()
+        hint = served.dispatcher.hint()
+        cached = self._hints.get(served.spec.name)
+        if cached is None or cached[0] is not hint:
+            cached = self._hints[served.spec.name] = (hint, wire.header(hint))
+        return served.spec.name, cached[1]
 
     # -- front ends that die --------------------------------------------------------------
 

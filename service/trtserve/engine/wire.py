@@ -2,7 +2,8 @@
 
 A front end holds one DEALER socket connected to the engine core's ROUTER socket (``ipc://``
 in a private directory). A message is a multipart ZeroMQ message: one *header* frame (a small
-tuple of plain values: strings, numbers, tuples, pickled) followed by zero or more *tensor*
+tuple of plain values: strings, numbers, tuples, this package's frozen dataclasses, pickled)
+followed by zero or more *tensor*
 frames, each the raw bytes of one array. Arrays are never pickled: a sender hands ZeroMQ the
 array's own buffer (``copy=False``: frames above pyzmq's copy threshold, 64 KiB, go without a
 copy) and a receiver views the frame as an array (``np.frombuffer``, no copy). BYTES tensors
@@ -20,18 +21,23 @@ kind               direction                  rest of the header, then frames
                                               None), gRPC deadline (monotonic s or inf),
                                               layout; frames: the tensors
 ``cancel``         front end → core           id
-``records``        front end → core           requests in flight at that front end, and
-                                              (model, status, seconds, queue_full,
-                                              finished_late) per answered request
+``records``        front end → core           requests in flight at that front end,
+                                              (model, status, seconds, refusal reason or
+                                              None, finished_late) per answered request,
+                                              and model → requests refused on their
+                                              deadline before crossing
 ``query``          front end → core           id, what, argument (see ``EngineCore``)
 ``table``          core → front end           loaded?, ready?, strict readiness?, the
                                               models: (name, state, reason, per served
                                               version its spec and serialized config);
                                               sent again whenever a model changes
-``result``         core → front end           id, deadline, layout, model, the version
-                                              that answered, least run time of a batch of
-                                              one (s); frames: the outputs
-``error``          core → front end           id, error class name, message
+``result``         core → front end           id, deadline, layout, the version that
+                                              answered, model, its queue
+                                              (``batching.drain.QueueHint`` as a header
+                                              of its own: pickled once per refresh);
+                                              frames: the outputs
+``error``          core → front end           id, error class name, message, and (when the
+                                              model is known) model, its queue
 ``reply``          core → front end           id, ok?, value (or error class name, message)
 =================  =========================  =============================================
 

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import zmq
 
+from ..batching import drain
+from ..batching.drain import QueueHint
 from ..batching.queue import Segment
 from ..clock import Clock, MonotonicClock
 from ..errors import ModelNotFound, ModelNotReady, RequestTimeout, ShuttingDown
@@ -65,7 +67,9 @@ class Engine(Protocol):
 
     async def query(self, what: str, arg: Any = None) -> Any: ...
 
-    def record(self, model: str, code: str, seconds: float, *, queue_full: bool, late: bool) -> None: ...
+    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float) -> None: ...
+
+    def record(self, model: str, code: str, seconds: float, *, refusal: str | None, late: bool) -> None: ...
 
     def set_active(self, active: int) -> None: ...
 
@@ -130,9 +134,10 @@ class EngineClient(EngineView):
         self._channel: Channel | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._records: list[tuple[str, str, float, bool, bool]] = []
+        self._records: list[tuple[str, str, float, str | None, bool]] = []
         self._refused: Counter[str] = Counter()  # model → refused here, on the deadline, since the last flush
-        self._min_run: dict[str, float] = {}  # model → least run time of a batch of one (the core's hint)
+        self._hints: dict[str, QueueHint] = {}  # model → its queue, as the core's last answer said
+        self._hint_frames: dict[str, bytes] = {}  # ... and as it came (read again only when it changes)
         self._active = 0
         self._sent_active = 0
         self._flush_scheduled = False
@@ -173,22 +178,12 @@ class EngineClient(EngineView):
             engine core resolved, monotonic seconds; the version that answered).
 
         Raises:
-            RequestTimeout (DEADLINE_EXCEEDED): refused here, without crossing, when the
-                earliest the deadline can be (gRPC deadline, ``timeout``) comes before even a
-                batch of one could finish: the engine core's lower bound of its run time
-                comes back with every result.
-            InvalidRequest, QueueFull, RequestTimeout, ShuttingDown, BackendError, ModelNotReady,
-            ModelNotFound: as the engine core answered.
+            DeadlineUnmeetable, Overloaded, QueueFull: refused here, without crossing
+                (:meth:`shed`).
+            InvalidRequest, QueueFull, Overloaded, RequestTimeout, ShuttingDown, BackendError,
+            ModelNotReady, ModelNotFound: as the engine core answered.
         """
-        now = self.clock.now()
-        latest = min(deadline, now + timeout) if timeout is not None else deadline
-        if latest < now + self._min_run.get(model, 0.0):
-            self._refused[model] += 1
-            self._schedule_flush()
-            raise RequestTimeout(
-                f"the request's deadline is {max(latest - now, 0.0) * 1e3:.3f} ms away; a batch of one of model "
-                f"'{model}' takes at least {self._min_run[model] * 1e3:.3f} ms"
-            )
+        self.shed(model, priority, timeout, deadline, self.clock.now())
         rid = next(self._ids)
         layout, frames = wire.pack(segments)
         future: asyncio.Future[tuple[list[Segment], float, str]] = asyncio.get_running_loop().create_future()
@@ -217,15 +212,40 @@ class EngineClient(EngineView):
         finally:
             self._pending.pop(rid, None)
 
-    def record(self, model: str, code: str, seconds: float, *, queue_full: bool, late: bool) -> None:
+    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float) -> None:
+        """Refuse, without sending it, a request that cannot finish in time, judged by the
+        model's queue as the engine core's last answer described it
+        (:meth:`QueueHint.refusal <trtserve.batching.drain.QueueHint.refusal>`). Cheap: no
+        tensor is decoded for it, so a front end calls it first.
+
+        Args:
+            priority, timeout: the request's parameters (timeout in seconds, or ``None``).
+            deadline: the gRPC deadline, monotonic seconds (``math.inf``: none); ``now``: the
+                time the ``timeout`` counts from.
+
+        Raises:
+            DeadlineUnmeetable (DEADLINE_EXCEEDED): even a batch of one started now would finish late.
+            QueueFull (RESOURCE_EXHAUSTED): the model's queue at that level is full.
+            Overloaded (RESOURCE_EXHAUSTED): the predicted queue wait exceeds the deadline.
+            InvalidRequest (INVALID_ARGUMENT): a priority outside the model's levels.
+        """
+        refusal = drain.shed(self._hints.get(model), model, priority, timeout, deadline, now)
+        if refusal is not None:
+            if isinstance(refusal, RequestTimeout):
+                self._refused[model] += 1
+                self._schedule_flush()
+            raise refusal
+
+    def record(self, model: str, code: str, seconds: float, *, refusal: str | None, late: bool) -> None:
         """Count one answered request (sent with others on the next turn of the loop).
 
         Args:
             model: its model name (or ``metrics.UNKNOWN_MODEL``); ``code``: the gRPC status name.
             seconds: from decoding to the encoded answer.
-            queue_full: refused because the queue was full; ``late``: answered OK after its deadline.
+            refusal: the reason it was refused at admission (``TrtServeError.refusal``), or None;
+                ``late``: answered OK after its deadline.
         """
-        self._records.append((model, code, seconds, queue_full, late))
+        self._records.append((model, code, seconds, refusal, late))
         self._schedule_flush()
 
     def set_active(self, active: int) -> None:
@@ -245,6 +265,11 @@ class EngineClient(EngineView):
             refused, self._refused = dict(self._refused), Counter()
             self._sent_active = self._active
             self._send(wire.header("records", self._active, records, refused))
+
+    def _take_hint(self, model: str, frame: bytes) -> None:
+        if self._hint_frames.get(model) != frame:
+            self._hint_frames[model] = frame
+            (self._hints[model],) = wire.read_header(frame)
 
     def _send(self, *frames: Any) -> None:
         assert self._channel is not None
@@ -266,10 +291,12 @@ class EngineClient(EngineView):
         if future is None or future.done():
             return  # cancelled meanwhile
         if kind == "result":
-            _, _, deadline, layout, model, version, min_run = head
-            self._min_run[model] = min_run
+            _, _, deadline, layout, version, model, hint = head
+            self._take_hint(model, hint)
             future.set_result((wire.unpack(layout, frames), deadline, version))
         elif kind == "error":
+            if len(head) > 4:
+                self._take_hint(head[4], head[5])
             future.set_exception(wire.error_of(head[2], head[3]))
         elif kind == "reply":
             _, _, ok, value = head

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
+from ..batching import drain
 from ..batching.queue import Segment
+from ..errors import RequestTimeout
 from ..engine.model import EngineModel
 from ..repository import Repository
 from .engine_client import EngineView, ModelInfo
@@ -65,10 +67,19 @@ class LocalEngine(EngineView):
         value = self.core.query(what, arg)
         return await value if asyncio.iscoroutine(value) else value
 
-    def record(self, model: str, code: str, seconds: float, *, queue_full: bool, late: bool) -> None:
+    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float) -> None:
+        """See :meth:`EngineClient.shed <trtserve.frontend.engine_client.EngineClient.shed>`;
+        here the model's queue is read directly (the dispatcher's :meth:`hint`)."""
+        refusal = drain.shed(self.get(model, "").dispatcher.hint(), model, priority, timeout, deadline, now)
+        if refusal is not None:
+            if isinstance(refusal, RequestTimeout) and self.core is not None:
+                self.core.record([], {model: 1})
+            raise refusal
+
+    def record(self, model: str, code: str, seconds: float, *, refusal: str | None, late: bool) -> None:
         """See :meth:`EngineClient.record <trtserve.frontend.engine_client.EngineClient.record>`."""
         assert self.core is not None
-        self.core.record([(model, code, seconds, queue_full, late)], {})
+        self.core.record([(model, code, seconds, refusal, late)], {})
 
     def set_active(self, active: int) -> None:
         """Requests in flight at this front end now."""

@@ -36,7 +36,7 @@ from .._proto.inference import grpc_service_pb2 as pb
 from .._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from ..clock import Clock
 from ..engine.wire import deadline_of
-from ..errors import QueueFull, ResponseTooLarge, ShuttingDown, TrtServeError
+from ..errors import ResponseTooLarge, ShuttingDown, TrtServeError
 from ..logs import REQUEST_LOGGER
 from ..metrics import UNKNOWN_MODEL
 from ..protocol import codec
@@ -267,7 +267,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             name = request.model_name
             self.engine.record(
                 name if name in self.engine.models else UNKNOWN_MODEL, code, seconds,
-                queue_full=isinstance(error, QueueFull), late=late,
+                refusal=error.refusal if error is not None else None, late=late,
             )
             if _requests_log.isEnabledFor(logging.DEBUG):
                 _requests_log.debug(
@@ -279,9 +279,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def _infer(self, request: pb.ModelInferRequest, deadline: float) -> tuple[pb.ModelInferResponse, bool]:
         model = await self.table.get(request.model_name, request.model_version)
         spec = model.spec
+        priority, timeout, final = request_parameters(request)
+        # Shed before decoding: what cannot finish in time costs no more work here.
+        self.engine.shed(spec.name, priority, timeout, deadline, self.clock.now())
         inputs, _rows = codec.decode_inputs(request, spec, max_elements=self.max_request_elements)
         chosen = codec.requested_outputs(request, spec)
-        priority, timeout, final = request_parameters(request)
         outputs, resolved, version = await model.infer(
             inputs, version=request.model_version, priority=priority, timeout=timeout, deadline=deadline)
         late = self.clock.now() > resolved

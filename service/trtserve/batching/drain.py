@@ -1,0 +1,251 @@
+"""Predicted queue drain: when the work queued ahead of a request lets it finish, at the earliest.
+
+Admission (``Dispatcher.submit``) refuses a request that cannot finish by its deadline; the
+front ends refuse the same before a request crosses to the engine core, from a
+:class:`QueueHint` the engine core sends back with every answer. Both read one estimate:
+
+* **Rows ahead.** The queue is ordered by (priority, deadline, arrival), so a new request at
+  level ``L`` with deadline ``D`` runs after every queued row whose (priority, deadline) is at
+  most ``(L, D)``: same or more urgent level, earlier (or equal) deadline. (Aged requests may
+  go ahead of it too; they only add work, so they are left out of a lower bound.)
+* **Their work.** Those rows plus the request's own, at the low run-time estimate of a full
+  batch per row: ``rows × lower_bound(cap, length) / cap`` slot-seconds (:func:`batch_floor`), where ``cap`` is the
+  batch cap and ``length`` the shortest padded length among them. Run time is close to affine
+  in rows with a positive intercept (``latency.py``), so a full batch is the cheapest per row,
+  and the shortest length the cheapest per batch: a lower bound, like every refusal
+  (``LatencyModel.lower_bound`` says why refusals use the low estimate: a false refusal is never
+  measured, so it would not correct itself).
+* **Over the slots.** Each execution slot is free at ``now``, or when its running batch ends
+  at the earliest (its start plus the low estimate of its rows, not before ``now``). Work ``W``
+  spread over slots free at ``f_1 <= ... <= f_k`` is done, at the earliest, at the time ``S``
+  with ``Σ max(0, S - f_i) = W`` (:func:`fill`: water filling; no schedule of whole batches
+  does better).
+
+The request's *queue wait* is ``fill(rows ahead) - now``; it finishes at the earliest at
+``max(fill(rows ahead + its rows), f_1 + run)``, where ``run = lower_bound(min(rows, cap),
+length)`` is the least its own first batch takes (no batch of its rows starts before a slot
+is free). An idle server needs ``now + run``: a deadline before that is hopeless
+(``DeadlineUnmeetable``, DEADLINE_EXCEEDED); a deadline before the finish is met by an idle
+server but not by this one (``Overloaded``, RESOURCE_EXHAUSTED: retry elsewhere).
+
+The hint's times are absolute (monotonic seconds): rows that arrive later only add work and
+rows that run take their time, so a hint stays a lower bound as it ages. Rows cancelled or
+expired since make it high; it still refuses nothing past its own ``done_at`` times, and every
+answer brings a fresh one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from ..config import BatchingPolicy
+from ..errors import DeadlineUnmeetable, Overloaded, QueueFull, TrtServeError
+from .admission import admit
+from .latency import LatencyModel
+from .queue import QueueEntry, RequestQueue
+
+HINT_POINTS = 16
+"""Most queue positions a :class:`QueueHint` samples (it goes out with every answer)."""
+HINT_REFRESH_S = 0.001
+"""A dispatcher recomputes its hint at most this often (seconds): an O(queue) walk."""
+
+
+def batch_floor(latency: LatencyModel, cap: int, length: int) -> float:
+    """Least run time (seconds) of a full batch of ``cap`` rows padded to ``length``: the latency
+    model's low estimate at ``cap`` rows, but no more than at the largest row bucket measured at
+    that length. (With a single measurement the model scales run time in proportion to rows,
+    which above it is no lower bound: a batch of more rows takes at least as long, and no more
+    is known.)"""
+    measured = [rows for rows in latency.curve(length) if rows <= cap]
+    low = latency.lower_bound(cap, length)
+    return min(low, latency.lower_bound(max(measured), length)) if measured else low
+
+
+def fill(free_at: Sequence[float], work: float) -> float:
+    """When slots that become free at ``free_at`` (monotonic seconds, ascending, at least one)
+    have done ``work`` slot-seconds between them, at the earliest (water filling: the time
+    ``S`` with ``Σ max(0, S - f_i) = work``)."""
+    total = 0.0
+    for j, f in enumerate(free_at, 1):
+        total += f
+        level = (work + total) / j
+        if j == len(free_at) or level <= free_at[j]:
+            return level
+    raise ValueError("fill() needs at least one slot")
+
+
+class SlotEnds:
+    """When each execution slot's running batch ends at the earliest (monotonic seconds).
+
+    Args:
+        slots: execution slots of the model.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._ends = [0.0] * slots
+
+    def started(self, slot: int, now: float, low: float) -> None:
+        """A batch whose low run-time estimate is ``low`` seconds started on ``slot`` at ``now``."""
+        self._ends[slot] = now + low
+
+    def free_at(self, now: float, idle: Collection[int]) -> list[float]:
+        """Per slot, ascending: ``now`` if idle (or past its estimate), else its batch's earliest end."""
+        return sorted(now if slot in idle else max(end, now) for slot, end in enumerate(list(self._ends)))
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A request's predicted wait (monotonic seconds, earliest times: lower bounds).
+
+    Attributes:
+        now: when it was predicted.
+        start: when the rows queued ahead of it are done (its queue wait ends).
+        finish: when its own rows are done.
+        alone: when its rows would be done on an idle server.
+    """
+
+    now: float
+    start: float
+    finish: float
+    alone: float
+
+    def refusal(self, deadline: float) -> TrtServeError | None:
+        """The error refusing a request with ``deadline`` (monotonic seconds), or ``None`` to admit it:
+        DeadlineUnmeetable (DEADLINE_EXCEEDED) if even an idle server is too slow, Overloaded
+        (RESOURCE_EXHAUSTED) if the queue ahead is."""
+        remaining = max(deadline - self.now, 0.0) * 1e3
+        if deadline < self.alone:
+            return DeadlineUnmeetable(
+                f"the request's deadline ({remaining:.1f} ms away) comes before it could run: even on an idle "
+                f"server its rows take at least {(self.alone - self.now) * 1e3:.1f} ms"
+            )
+        if deadline < self.finish:
+            return Overloaded(
+                f"overloaded: predicted queue wait {(self.start - self.now) * 1e3:.1f} ms, then at least "
+                f"{(self.finish - self.start) * 1e3:.1f} ms to run, exceeds the request's remaining "
+                f"{remaining:.1f} ms deadline; retry on another server or later"
+            )
+        return None
+
+
+def predict(entries: Sequence[QueueEntry], priority: float, deadline: float, rows: int, length: int, *,
+            now: float, free_at: Sequence[float], cap: int, latency: LatencyModel) -> Wait:
+    """The :class:`Wait` of a request of ``rows`` rows padded to ``length``, queued at
+    ``priority`` with ``deadline`` behind ``entries`` (the queue, in its order), with slots
+    free at ``free_at`` and batches of at most ``cap`` rows (see the module docstring).
+    ``priority=math.inf`` puts it behind everything, and ``rows=0`` gives the drain time of
+    the whole queue as ``start``."""
+    ahead, shortest = 0, length if rows else math.inf
+    for entry in entries:
+        if (entry.priority, entry.deadline) > (priority, deadline):
+            break
+        ahead += entry.rows
+        shortest = min(shortest, entry.length)
+    per_row = batch_floor(latency, cap, int(shortest)) / cap if ahead + rows else 0.0
+    start = fill(free_at, ahead * per_row)
+    run = latency.lower_bound(min(max(rows, 1), cap), length)
+    return Wait(now, start, max(fill(free_at, (ahead + rows) * per_row), free_at[0] + run), now + run)
+
+
+@dataclass(frozen=True)
+class QueueHint:
+    """A model's queue as the engine core last saw it, for a front end to refuse requests
+    before they cross (monotonic seconds throughout; see the module docstring).
+
+    Attributes:
+        min_run: least run time of a batch of one row (seconds).
+        policy: the model's batching policy in force (priority levels, default timeouts:
+            :func:`~trtserve.batching.admission.admit` resolves a request's deadline with it).
+        free: when the first execution slot is free.
+        points: sampled queue positions, in queue order: (priority, deadline, done_at) —
+            the rows up to that entry, it included, are done at ``done_at`` at the earliest.
+        full: (level, until): that level's queue is at ``max_queue_size`` until then at least
+            (until a slot frees up or one of its entries expires).
+    """
+
+    min_run: float
+    policy: BatchingPolicy
+    free: float
+    points: tuple[tuple[int, float, float], ...] = ()
+    full: tuple[tuple[int, float], ...] = ()
+
+    def refusal(self, model: str, priority: int, timeout: float | None, grpc_deadline: float, now: float) -> TrtServeError | None:
+        """The error a front end answers without sending the request, or ``None`` to send it.
+
+        Args:
+            model: the model's name (for the message).
+            priority, timeout: the request's parameters (timeout in seconds, or ``None``).
+            grpc_deadline: the call's gRPC deadline (monotonic seconds, ``math.inf`` for none).
+            now: monotonic seconds.
+
+        Returns:
+            DeadlineUnmeetable (DEADLINE_EXCEEDED), QueueFull or Overloaded (RESOURCE_EXHAUSTED).
+
+        Raises:
+            InvalidRequest: ``priority`` outside the model's levels (as the engine core would).
+        """
+        level, deadline = admit(self.policy, priority, timeout, grpc_deadline, now)
+        if deadline < now + self.min_run:
+            return DeadlineUnmeetable(
+                f"the request's deadline is {max(deadline - now, 0.0) * 1e3:.3f} ms away; a batch of one of model "
+                f"'{model}' takes at least {self.min_run * 1e3:.3f} ms"
+            )
+        for full_level, until in self.full:
+            if full_level == level and now < until:
+                return QueueFull(f"the queue of model '{model}' is full at priority {level} "
+                                 f"for at least {(until - now) * 1e3:.1f} ms more; retry later")
+        done = self.free
+        for p, d, done_at in self.points:
+            if (p, d) > (level, deadline):
+                break
+            done = done_at
+        if deadline < max(done, now) + self.min_run:
+            return Overloaded(
+                f"the model '{model}' is overloaded: predicted queue wait {max(done - now, 0.0) * 1e3:.1f} ms "
+                f"exceeds the request's remaining {max(deadline - now, 0.0) * 1e3:.1f} ms deadline; "
+                f"retry on another server or later"
+            )
+        return None
+
+
+def shed(hint: QueueHint | None, model: str, priority: int, timeout: float | None, grpc_deadline: float,
+         now: float) -> TrtServeError | None:
+    """A front end's refusal before it sends a request: :meth:`QueueHint.refusal`, or with no
+    hint yet (no answer of this model has come back), DeadlineUnmeetable for a deadline
+    already passed (the request was read too late), else ``None``."""
+    if hint is not None:
+        return hint.refusal(model, priority, timeout, grpc_deadline, now)
+    latest = min(grpc_deadline, now + timeout) if timeout is not None else grpc_deadline
+    if latest <= now:
+        return DeadlineUnmeetable(f"the request's deadline passed {(now - latest) * 1e3:.3f} ms before the server "
+                                  f"could start on it (model '{model}')")
+    return None
+
+
+def queue_hint(queue: RequestQueue, policy: BatchingPolicy, *, now: float, free_at: Sequence[float], cap: int,
+               latency: LatencyModel) -> QueueHint:
+    """The :class:`QueueHint` of ``queue`` now (one walk over it; :data:`HINT_POINTS` samples)."""
+    entries = list(queue.entries)
+    step = max(1, math.ceil(len(entries) / HINT_POINTS))
+    points: list[tuple[int, float, float]] = []
+    rows, shortest = 0, math.inf
+    for i, entry in enumerate(entries):
+        rows += entry.rows
+        shortest = min(shortest, entry.length)
+        if (i + 1) % step == 0 or i == len(entries) - 1:
+            done = fill(free_at, rows * batch_floor(latency, cap, int(shortest)) / cap)
+            points.append((entry.priority, entry.deadline, done))
+    full: list[tuple[int, float]] = []
+    if free_at[0] > now:  # with a slot idle the queue moves at once
+        for level, queued in list(queue.per_level.items()):
+            size = policy.queue_policy(level).max_queue_size
+            if size and queued >= size:
+                expiry = min((e.deadline - latency.lower_bound(1, e.length) for e in entries if e.level == level),
+                             default=math.inf)
+                full.append((level, min(free_at[0], expiry)))
+    return QueueHint(latency.lower_bound(1, 1), policy, free_at[0], tuple(points), tuple(full))
+
+
+__all__ = ["HINT_POINTS", "HINT_REFRESH_S", "QueueHint", "SlotEnds", "Wait", "batch_floor", "fill", "predict", "queue_hint", "shed"]
