@@ -53,6 +53,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -154,6 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connections", type=_positive_int, default=8, help="client connections (gRPC channels) the unary callers are spread over, for every server; above 1 the closed-loop unary sweep also runs over one (default: 8)")
     parser.add_argument("--peer", choices=PEERS, help="also drive this server on the same model files, closed-loop unary sweep, same run: 'triton' (NVIDIA PyTriton from PyPI, installed once into OUT/triton/venv)")
     parser.add_argument("--frontends", help="passed to 'trtserve serve --frontends' (default: the server's own default)")
+    parser.add_argument("--serve-args", default="", help="more 'trtserve serve' flags for the server under test, one string (e.g. '--max-inflight-rpcs 8')")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     texts = load_texts(args.data, args.requests, rng) if (args.data / CORPUS).is_file() else []
     workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng) for m in args.models}
     args.out.mkdir(parents=True, exist_ok=True)
-    serve_args = ("--frontends", args.frontends) if args.frontends else ()
+    serve_args = (*(("--frontends", args.frontends) if args.frontends else ()), *shlex.split(args.serve_args))
     with ServerProcess(args.model_repository, *serve_args) as server:
         print(f"server under test: pid {server.pid} at {server.url}", flush=True)
         raws, points = asyncio.run(_bench(args, workloads, server, rng))
