@@ -169,10 +169,11 @@ def served_versions(policy: mc.ModelVersionPolicy, available: list[int], path: P
     if kind == "specific":
         wanted = sorted(set(int(v) for v in policy.specific.versions))
         missing = [v for v in wanted if v not in available]
-        if not wanted or missing:
+        if not wanted:
+            raise ConfigError(f"{path}: version_policy specific lists no versions (the model has {available})")
+        if missing:
             raise ConfigError(
-                f"{path}: version_policy specific names versions {missing or 'none'} with no directory "
-                f"(the model has {available})"
+                f"{path}: version_policy specific names versions {missing} with no directory (the model has {available})"
             )
         return wanted
     return available[-(policy.latest.num_versions or 1):]  # latest { } without a number: 1, as Triton

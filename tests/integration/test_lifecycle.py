@@ -188,6 +188,13 @@ def test_load_with_a_config_override_is_honoured_or_refused(tmp_path, engines, m
             "not JSON": ({"config": "max_batch_size: 4"}, grpc.StatusCode.INVALID_ARGUMENT, "not a model config"),
             "file override": ({"file:1/model.onnx": "x"}, grpc.StatusCode.UNIMPLEMENTED, "repository only"),
             "unknown parameter": ({"colour": "red"}, grpc.StatusCode.INVALID_ARGUMENT, "no parameter 'colour'"),
+            # Shapes the model file does not have would load and then fail every request.
+            "input dims": ({"config": json.dumps({**config, "input": [{**config["input"][0], "dims": [65]}]})},
+                           grpc.StatusCode.INVALID_ARGUMENT, "config input 'INPUT' has dims [65] but the model file has [64]"),
+            "output dims": ({"config": json.dumps({**config, "output": [{**config["output"][0], "dims": [17]}]})},
+                            grpc.StatusCode.INVALID_ARGUMENT, "config output 'OUTPUT' has dims [17]"),
+            "no batch axis": ({"config": json.dumps({**config, "max_batch_size": 0})},
+                              grpc.StatusCode.INVALID_ARGUMENT, "has dims [64] but the model file has [-1, 64]"),
         }
         for case, (parameters, code, words) in refused.items():
             with pytest.raises(grpc.RpcError) as err:

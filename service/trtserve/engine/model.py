@@ -103,7 +103,10 @@ def check_engine_io(spec: ModelSpec, backend: Backend) -> None:
     """Without a handler, the config's tensors must be the engine's own.
 
     Raises:
-        ValueError: a configured input or output the engine lacks, or whose datatype differs.
+        ValueError: a configured input or output the engine lacks, or whose datatype or dims
+            differ (:func:`dims_fit`; Triton refuses the same at load). The runtime reads its
+            tensors without the batch axis when ``max_batch_size > 0``, so a ``max_batch_size: 0``
+            config on a model with a batch axis differs in rank and is refused too.
     """
     for kind, configured, actual in (("input", spec.inputs, backend.inputs), ("output", spec.outputs, backend.outputs)):
         engine = {t.name: t for t in actual}
@@ -117,9 +120,22 @@ def check_engine_io(spec: ModelSpec, backend: Backend) -> None:
                 raise ValueError(
                     f"config {kind} '{t.name}' is {t.datatype.name} but the model file has {e.datatype.name}"
                 )
+            if not dims_fit(t.dims, e.dims):
+                batch = " (without the batch axis: max_batch_size > 0)" if spec.policy.max_batch_size > 0 else ""
+                raise ValueError(
+                    f"config {kind} '{t.name}' has dims {list(t.dims)} but the model file has {list(e.dims)}{batch}; "
+                    "-1 in the model file takes any size, a fixed size must be the same in both"
+                )
     missing = {t.name for t in backend.inputs} - {t.name for t in spec.inputs}
     if missing:
         raise ValueError(f"the model file needs inputs {sorted(missing)} that the config does not declare")
+
+
+def dims_fit(configured: Sequence[int], engine: Sequence[int]) -> bool:
+    """Whether config dims (batch axis left out) describe the engine's: the same rank, and every
+    dimension the engine fixes fixed to the same size in the config (-1 in the engine takes any size,
+    so the config may fix it or leave it -1)."""
+    return len(configured) == len(engine) and all(e == -1 or c == e for c, e in zip(configured, engine))
 
 
 def sample_inputs(specs: Sequence[TensorSpec], rows: int, length: int) -> Tensors:

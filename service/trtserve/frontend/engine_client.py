@@ -114,7 +114,8 @@ class EngineView:
             raise ModelNotReady("the server is still loading its models")
         info = self.models.get(name)
         if info is None:
-            raise ModelNotFound(f"unknown model '{name}'")
+            raise ModelNotFound(f"unknown model '{name}': the server serves no such model now (RepositoryIndex lists "
+                                "the repository's models with their state, e.g. 'not loaded')")
         return info
 
 
