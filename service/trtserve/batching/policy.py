@@ -59,6 +59,9 @@ HOST_TARGET = 0.8
 # per-batch work may still take: batches grow until it is under this (more rows then buy
 # under 5 % of the host).
 HOST_MIN_HEADROOM = 0.05
+# The dispatcher passes an arrival rate of 0 (never wait) while the rate rests on fewer rows
+# than this (the rate estimator's decayed count): one request after an idle spell is not a load.
+MIN_RATE_ROWS = 4.0
 
 
 @dataclass(frozen=True)
