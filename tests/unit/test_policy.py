@@ -328,16 +328,21 @@ def test_length_bucketing(r: Row) -> None:
 # -- 2. select: rows that would finish late -------------------------------------------------------
 
 ON_TIME = [
-    row("a-row-that-would-finish-late-is-left-out",  # alone 10U fits 11U; in 3 rows (12U) it does not
-        E("tight", deadline=NOW + 11 * U), E("b"), E("c"), batch=(("b", 1), ("c", 1))),
+    row("the-largest-batch-whose-rows-all-finish-in-time",  # 3 rows (12U) would make tight late; 2 (11U) do not
+        E("tight", deadline=NOW + 11 * U), E("b"), E("c"), batch=(("tight", 1), ("b", 1))),
+    row("a-row-that-would-finish-late-is-left-out",  # with 3 of 4 on time at 13U, 3 rows run
+        E("tight", deadline=NOW + 11 * U), E("b"), E("c"), E("d"), batch=(("b", 1), ("c", 1), ("d", 1))),
+    row("under-overload-the-batch-shrinks-only-as-far-as-it-must",
+        # every row's deadline at 13U: 8 rows (17U) would all be late, 4 (13U) are all on time
+        *(E(f"r{i}", deadline=NOW + 13 * U) for i in range(8)), batch=tuple((f"r{i}", 1) for i in range(4))),
     row("finishing-exactly-at-the-deadline-is-on-time", E("tight", deadline=NOW + 12 * U), E("b"), E("c"),
         batch=(("tight", 1), ("b", 1), ("c", 1))),
     row("judged-at-the-low-estimate",  # mean of 2 rows 14U + ... would drop it; low 10.4U·2 does not
         E("a", deadline=NOW + 21 * U), E("b"), latency=noisy_low, batch=(("a", 1), ("b", 1))),
     row("when-all-would-be-late-the-most-urgent-runs-alone",
         E("a", deadline=NOW + 10.5 * U), E("b", deadline=NOW + 10.5 * U), batch=(("a", 1),)),
-    row("the-left-out-rows-last-start-bounds-the-wait",  # alone 10U fits 10.5U, with b (11U) not
-        E("tight", deadline=NOW + 10.5 * U), E("b"), policy=TIMER, wake_at=NOW + 0.5 * U),
+    row("a-row-that-fits-only-alone-runs-alone-at-once",  # alone 10U fits 10.5U, with b (11U) not; no slack to wait
+        E("tight", deadline=NOW + 10.5 * U), E("b"), policy=TIMER, batch=(("tight", 1),)),
 ]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -55,9 +56,10 @@ class Dispatcher:
         clock: time source (a ``FakeClock`` in tests).
         latency: predicted run times; learned from every batch run here.
         stats: counters for metrics and ModelStatistics.
-        host: per-batch host CPU and the loop thread's busy share (``HostMeter()`` reads
-            :func:`time.thread_time`, so the dispatcher must run on the thread it is created
-            for; the simulator passes its simulated host's counter).
+        host: per-batch host CPU and the loop thread's busy share. By default it reads
+            :func:`time.thread_time` of the loop thread with the production clock, and a
+            counter that never moves with any other clock (CPU time against fake time would
+            make fake-clock tests depend on the machine); the simulator passes its host's.
     """
 
     def __init__(
@@ -77,7 +79,7 @@ class Dispatcher:
         self.stats = stats or DispatchStats()
         self.queue = RequestQueue()
         self.arrivals = ArrivalRate()
-        self.host = host or HostMeter()
+        self.host = host or HostMeter(time.thread_time if isinstance(self.clock, MonotonicClock) else _no_cpu)
         self.budgets = DeadlineBudgets()
         self.cap = policy.rows_per_batch
         self._idle = list(range(backend.slots))
@@ -339,6 +341,10 @@ class Dispatcher:
         # while it has rows left; a resolved one has none or was removed already.)
         if entry.rows and self.queue.remove(entry):
             self._wake.set()
+
+
+def _no_cpu() -> float:
+    return 0.0
 
 
 def _fail(entry: QueueEntry, exc: Exception) -> None:

@@ -135,7 +135,8 @@ def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
     cap = inputs.cap
     batch = _on_time(_select(live, now, cap, policy, latency), now, latency)
     if inputs.free_slots == 1:
-        cap, batch = _deadline_cap(batch, live, inputs, policy, latency, one)
+        keep_up = _engine_rows(1, max(e.length for e, _ in batch), inputs, latency)
+        cap, batch = _deadline_cap(batch, live, inputs, policy, latency, one, keep_up)
     # A row at exactly its last start that this batch leaves out can start no later: expired.
     chosen = {id(e) for e, _ in batch}
     at_last = [e for e in live if id(e) not in chosen and e.deadline - one(e) <= now]
@@ -209,15 +210,40 @@ def adaptive_cap(latency: LatencyModel, policy: BatchingPolicy, length: int = 1,
 
 
 def _on_time(batch: tuple[tuple[QueueEntry, int], ...], now: float, latency: LatencyModel) -> tuple[tuple[QueueEntry, int], ...]:
-    """Leave out of the batch the rows that would finish after their deadline even at the
-    batch's least run time (:meth:`LatencyModel.lower_bound`; they stay queued: a smaller batch
-    on another slot may still make it, else they expire unrun). A row that may still make it
-    is kept: left out, it would wait for this batch and surely miss. If that leaves nothing,
-    the most urgent entry runs alone."""
+    """The largest batch within ``batch`` whose rows all finish by their deadlines at its
+    least run time (:meth:`LatencyModel.lower_bound`): m rows, m as large as there are m rows
+    with deadline ≥ now + p_low(m) (found by bisection: that count falls as m grows), taken in
+    the selection's order. The rows left out stay queued (a smaller batch on another slot may
+    still make it, else they expire unrun): no engine time on answers nobody reads, and under
+    overload, when every queued row is near its deadline, the batch shrinks only as far as it
+    must instead of to the most urgent row alone. If no row fits at all, the most urgent
+    entry runs alone."""
     rows = sum(n for _, n in batch)
-    finish = now + latency.lower_bound(rows, max(e.length for e, _ in batch))
-    kept = tuple((e, n) for e, n in batch if e.deadline >= finish)
-    return kept or batch[:1]
+    length = max(e.length for e, _ in batch)
+
+    def fitting(m: int) -> int:
+        finish = now + latency.lower_bound(m, length)
+        return sum(n for e, n in batch if e.deadline >= finish)
+
+    if fitting(rows) >= rows:
+        return batch
+    lo, hi = 0, rows  # fitting(lo) >= lo; fitting(hi) < hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fitting(mid) >= mid:
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0:
+        return batch[:1]
+    finish = now + latency.lower_bound(lo, length)
+    kept: list[tuple[QueueEntry, int]] = []
+    room = lo
+    for e, n in batch:
+        if room and e.deadline >= finish:
+            kept.append((e, min(n, room)))
+            room -= kept[-1][1]
+    return tuple(kept)
 
 
 def _target_rows(rows: int, length: int, inputs: Inputs, policy: BatchingPolicy, latency: LatencyModel) -> int:
@@ -254,16 +280,22 @@ def _target_rows(rows: int, length: int, inputs: Inputs, policy: BatchingPolicy,
         other = max(inputs.host_share - inputs.host_batch_share, 0.0)
         headroom = max(HOST_TARGET - other, HOST_MIN_HEADROOM)
         host_rows = math.ceil(rate * inputs.host_per_batch / headroom)
-    per_slot = rate / max(inputs.slots, 1)
-    for n in range(max(rows, host_rows), cap + 1):
+    return _engine_rows(max(rows, host_rows), length, inputs, latency)
+
+
+def _engine_rows(least: int, length: int, inputs: Inputs, latency: LatencyModel) -> int:
+    """The smallest n ≥ ``least`` at which a slot keeps up with its share of the arrivals,
+    λ·p(n) ≤ n per slot; the cap where none does."""
+    per_slot = inputs.arrival_rate / max(inputs.slots, 1)
+    for n in range(least, inputs.cap + 1):
         if per_slot * latency.predict(n, length) <= n:
             return n
-    return cap
+    return inputs.cap
 
 
 def _deadline_cap(
     batch: tuple[tuple[QueueEntry, int], ...], live: Sequence[QueueEntry], inputs: Inputs,
-    policy: BatchingPolicy, latency: LatencyModel, one: _OneRow,
+    policy: BatchingPolicy, latency: LatencyModel, one: _OneRow, floor: int,
 ) -> tuple[int, tuple[tuple[QueueEntry, int], ...]]:
     """The batch cap that deadlines allow when this batch takes the last free slot, and the
     batch within it.
@@ -275,6 +307,11 @@ def _deadline_cap(
     (``inputs.tight_budget``) less its :func:`margin` and p(1). The cap is the largest n whose
     p(n) fits (at least 1), and the batch is selected again under it until nothing more left
     out lowers it (each pass only lowers the cap).
+
+    The cap never goes below ``floor``, the size at which the engine keeps up with the
+    measured arrivals (:func:`_engine_rows`): below it the queue grows without bound and every
+    deadline suffers (under overload, capping to save one row would run batches of one for
+    good and serve fewer rows in time).
     """
     now = inputs.now
     cap = inputs.cap
@@ -292,7 +329,7 @@ def _deadline_cap(
                 if slack >= latency.predict(1, length):
                     limit = min(limit, slack)
         rows = sum(n for _, n in batch)
-        fits = _rows_within(limit, length, latency, rows)
+        fits = max(_rows_within(limit, length, latency, rows), floor)
         if fits >= rows:
             return cap, batch
         cap = fits
