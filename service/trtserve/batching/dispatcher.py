@@ -26,7 +26,7 @@ from ..config import BatchingPolicy, TimeoutAction
 from .budgets import DeadlineBudgets
 from .host import HostMeter
 from .latency import LatencyModel
-from .policy import MIN_RATE_ROWS, Inputs, adaptive_cap, decide
+from .policy import Inputs, adaptive_cap, decide
 from .queue import Piece, QueueEntry, RequestQueue, Segment
 from .rate import ArrivalRate
 from .stats import DispatchStats
@@ -195,10 +195,7 @@ class Dispatcher:
             mark = cpu()
             now = self.clock.now()
             share, batch_share = self.host.share(now)
-            rate = self.arrivals.rate(now)
-            if rate * self.arrivals.tau < MIN_RATE_ROWS:
-                rate = 0.0  # a lone request after an idle spell reads as 1/tau rows/s: no reason to wait
-            inputs = Inputs(now, len(self._idle), self.backend.slots, rate, self.cap,
+            inputs = Inputs(now, len(self._idle), self.backend.slots, self.arrivals.rate(now), self.cap,
                             share, batch_share, self.host.per_batch, self.budgets.tight)
             decision = decide(self.queue.entries, inputs, self.policy, self.latency)
             for entry in decision.expired:

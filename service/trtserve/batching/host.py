@@ -40,7 +40,7 @@ class HostMeter:
         alpha: weight of a new per-batch sample, and of a new window in the busy share (0..1].
     """
 
-    def __init__(self, cpu: Callable[[], float] = time.thread_time, *, window: float = 0.05, alpha: float = 0.2) -> None:
+    def __init__(self, cpu: Callable[[], float] = time.thread_time, *, window: float = 0.01, alpha: float = 0.5) -> None:
         if not window > 0:
             raise ValueError(f"window must be > 0 seconds, got {window}")
         if not 0 < alpha <= 1:

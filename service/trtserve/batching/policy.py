@@ -59,9 +59,6 @@ HOST_TARGET = 0.8
 # per-batch work may still take: batches grow until it is under this (more rows then buy
 # under 5 % of the host).
 HOST_MIN_HEADROOM = 0.05
-# The dispatcher passes an arrival rate of 0 (never wait) while the rate rests on fewer rows
-# than this (the rate estimator's decayed count): one request after an idle spell is not a load.
-MIN_RATE_ROWS = 4.0
 
 
 @dataclass(frozen=True)
@@ -285,12 +282,16 @@ def _target_rows(rows: int, length: int, inputs: Inputs, policy: BatchingPolicy,
 
 def _engine_rows(least: int, length: int, inputs: Inputs, latency: LatencyModel) -> int:
     """The smallest n ≥ ``least`` at which a slot keeps up with its share of the arrivals,
-    λ·p(n) ≤ n per slot; the cap where none does."""
+    λ·p(n) ≤ n per slot. Only sizes up to the largest measured row bucket count (beyond it
+    the prediction is a guess, proportional to rows after a single measurement); where none of
+    them keeps up, the cap if the curve is measured up to it, else ``least`` (no wait on a
+    guess)."""
     per_slot = inputs.arrival_rate / max(inputs.slots, 1)
-    for n in range(least, inputs.cap + 1):
+    top = max(latency.curve(length), default=0)
+    for n in range(least, min(inputs.cap, top) + 1):
         if per_slot * latency.predict(n, length) <= n:
             return n
-    return inputs.cap
+    return inputs.cap if top >= inputs.cap else least
 
 
 def _deadline_cap(

@@ -8,10 +8,10 @@ comparison is exact and repeatable: goodput (answers within their deadline per s
 deadline-miss rate (also per deadline budget), engine time spent on rows that finished after
 their deadline (trtserve must spend none), mean batch size and latency percentiles.
 
-**Host cost** (:class:`SimHost`): one shared host thread, first come first served, which
-reads every request (``per_request`` seconds before the dispatcher sees it) and does every
-batch's per-batch work (``per_batch`` seconds before its engine run starts), as the event
-loop does in the server. The dispatcher's :class:`~trtserve.batching.host.HostMeter` reads
+**Host cost** (:class:`SimHost`): one shared host thread, as the event loop is in the server.
+It reads the requests one at a time, in arrival order (``per_request`` seconds each before
+the dispatcher sees it), and does each batch's per-batch work (``per_batch`` seconds) as soon
+as the read in progress ends, before the batch's engine run starts and before the next read. The dispatcher's :class:`~trtserve.batching.host.HostMeter` reads
 the host's busy time as its CPU counter, so the policy learns the host cost as it does in the
 server. A request whose deadline has passed before the host reaches it is dropped unread (a
 gRPC call past its deadline is cancelled); no other shedding happens in front of the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -226,14 +227,34 @@ async def simulate(
             return
         future.add_done_callback(lambda f: _finished(f, i, clock, done))
 
+    unread: deque[int] = deque()
+    arrived = asyncio.Event()
+
+    async def read() -> None:
+        # The host reads one request at a time; per-batch work charged meanwhile delays the next.
+        assert sim_host is not None and host is not None
+        while True:
+            while not unread:
+                arrived.clear()
+                await arrived.wait()
+            i = unread.popleft()
+            if sim_host.start_of(host.per_request) >= due[i]:
+                continue  # its deadline passed unread: the call is cancelled
+            await clock.sleep_until(sim_host.charge(host.per_request))
+            submit(i)
+
+    reader = asyncio.get_running_loop().create_task(read()) if sim_host else None
     for i, t in enumerate(arrivals):
         await clock.advance(max(t - clock.now(), 0.0))
-        if sim_host is None:
+        if reader is None:
             submit(i)
-        elif sim_host.start_of(host.per_request) < due[i]:  # else: cancelled unread
-            clock.call_at(sim_host.charge(host.per_request), lambda i=i: submit(i))
-    while engine.running or len(dispatcher.queue) or (sim_host and sim_host.free_at > clock.now()):
+        else:
+            unread.append(i)
+            arrived.set()
+    while engine.running or len(dispatcher.queue) or unread or (sim_host and sim_host.free_at > clock.now()):
         await clock.advance(max(latency(policy.rows_per_batch), 1e-3))
+    if reader is not None:
+        reader.cancel()
     await dispatcher.aclose()
     await settle()
 
