@@ -402,7 +402,9 @@ def test_fixed_timer_wait(r: Row) -> None:
 
 # -- 4. wait: adaptive --------------------------------------------------------------------------------
 # The target is the smallest n ≥ rows at which the engine keeps up (λ·p(n) ≤ n per slot) and
-# the host keeps up (other + λ·h/n ≤ HOST_TARGET); the wait for it is (n − rows)/λ.
+# the host keeps up (other + λ·h/n ≤ HOST_TARGET); the wait for it is (n − rows)/λ. For the
+# engine alone the wait is taken only if the queued rows finish no later for it
+# ((n − rows)/λ + p(n) ≤ p(rows), as on DIP) or no size up to the cap keeps up (overload).
 
 ADAPTIVE = [
     row("no-arrivals-go-now", E("a"), policy=ADAPT, batch=(("a", 1),)),
@@ -415,8 +417,9 @@ ADAPTIVE = [
         # No size up to the cap keeps up ((9 + n)·U·512/s > n for n ≤ 8): wait for a full batch,
         # 7 rows at 512/s away.
         E("a"), policy=ADAPT, inputs=inputs(arrival_rate=512.0), wake_at=NOW + 7 / 512),
-    row("the-engine-waits-for-the-smallest-size-that-keeps-up",  # 128/s: (9 + n)·U·128 ≤ n from n = 2
-        E("a"), policy=ADAPT, inputs=inputs(arrival_rate=128.0), wake_at=NOW + 1 / 128),
+    row("the-engine-does-not-wait-where-it-would-delay-the-queued-rows",
+        # 128/s keeps up from n = 2, but the wait (8U) and p(2) = 11U finish after p(1) = 10U: go
+        E("a"), policy=ADAPT, inputs=inputs(arrival_rate=128.0), batch=(("a", 1),)),
     row("waits-for-the-rows-that-lower-the-cost",  # λ = 128/s per slot: target 2 rows, 1/λ = 8U away
         E("a"), policy=ADAPT, latency=DIP, inputs=inputs(arrival_rate=128.0), wake_at=NOW + 8 * U),
     row("the-target-is-priced-at-the-rate-per-slot",
@@ -491,12 +494,17 @@ DEADLINE_CAP = [
     row("not-while-another-slot-stays-free", *EIGHT, inputs=tight(32 * U, free_slots=2, slots=2),
         batch=tuple((f"r{i}", 1) for i in range(8))),
     row("a-tight-budget-caps-an-oversized-request", E("big", rows=20), inputs=tight(32 * U), batch=(("big", 5),)),
-    row("a-queued-row-left-behind-caps-the-batch",  # low's slack 25U − p(1) = 15U: six high rows
+    row("the-rows-left-behind-cap-the-batch",
+        # late's slack 25U − p(1) = 15U: six rows; that leaves h6, h7 behind, slack 14U: five.
+        # Then h5's batch of one starts at 14U and ends at its deadline, 24U.
+        *(E(f"h{i}", deadline=NOW + 24 * U) for i in range(8)), E("late", deadline=NOW + 25 * U),
+        batch=tuple((f"h{i}", 1) for i in range(5))),
+    row("a-lower-priority-row-left-behind-does-not-cap",  # priority 2 behind a priority-1 batch
         *(E(f"h{i}", priority=1) for i in range(8)), E("low", priority=2, deadline=NOW + 25 * U),
-        policy=LEVELS, batch=tuple((f"h{i}", 1) for i in range(6))),
-    row("a-row-that-cannot-wait-for-any-batch-does-not-cap",  # low's slack 9U < p(1): it cannot wait anyway
-        *(E(f"h{i}", priority=1) for i in range(8)), E("low", priority=2, deadline=NOW + 19 * U),
         policy=LEVELS, batch=tuple((f"h{i}", 1) for i in range(8))),
+    row("a-row-that-cannot-wait-for-any-batch-does-not-cap",  # late's slack 9U < p(1): it cannot wait anyway
+        *(E(f"h{i}", deadline=NOW + 18 * U) for i in range(8)), E("late", deadline=NOW + 19 * U),
+        batch=tuple((f"h{i}", 1) for i in range(8))),
     row("the-head-runs-even-if-nothing-fits", *EIGHT, inputs=tight(4 * U), batch=(("r0", 1),)),
     row("a-capped-batch-goes-now-under-a-timer", *EIGHT, policy=TIMER, inputs=tight(32 * U),
         batch=tuple((f"r{i}", 1) for i in range(5))),

@@ -258,9 +258,14 @@ def _target_rows(rows: int, length: int, inputs: Inputs, policy: BatchingPolicy,
       measured busy share less the part the per-batch work explains; when the other work
       alone is past the target, λ·h/n ≤ :data:`HOST_MIN_HEADROOM`.
 
+    The host's target is waited for (its cost is host time that reading requests needs; a
+    wait costs it nothing). The engine's alone is waited for only when no size up to the cap
+    keeps up (overload: a full batch is the most the slot can do), or when the wait delays no
+    queued row: (n − rows)/λ + p(n) ≤ p(rows), as where p dips; otherwise running now is at
+    least as good, since the rows arriving meanwhile form the next, larger batch.
+
     With no arrivals, or both holding at ``rows``, it returns ``rows`` (DESIGN principle 2:
-    a lone request on an idle server runs at once). Where neither holds below the cap, the
-    cap (a full batch is the most either resource can do).
+    a lone request on an idle server runs at once).
     """
     cap = inputs.cap
     if not policy.adaptive:
@@ -277,7 +282,20 @@ def _target_rows(rows: int, length: int, inputs: Inputs, policy: BatchingPolicy,
         other = max(inputs.host_share - inputs.host_batch_share, 0.0)
         headroom = max(HOST_TARGET - other, HOST_MIN_HEADROOM)
         host_rows = math.ceil(rate * inputs.host_per_batch / headroom)
-    return _engine_rows(max(rows, host_rows), length, inputs, latency)
+    if host_rows > rows:
+        return _engine_rows(host_rows, length, inputs, latency)
+    n = _engine_rows(rows, length, inputs, latency)
+    if n <= rows:
+        return rows
+    if n == cap and _per_slot_overloaded(cap, length, inputs, latency):
+        return cap
+    # The engine alone: wait only if the queued rows' answers come no later for it.
+    return n if (n - rows) / rate + latency.predict(n, length) <= latency.predict(rows, length) else rows
+
+
+def _per_slot_overloaded(n: int, length: int, inputs: Inputs, latency: LatencyModel) -> bool:
+    """Whether a slot running batches of ``n`` rows falls behind its share of the arrivals."""
+    return inputs.arrival_rate / max(inputs.slots, 1) * latency.predict(n, length) > n
 
 
 def _engine_rows(least: int, length: int, inputs: Inputs, latency: LatencyModel) -> int:
@@ -302,7 +320,8 @@ def _deadline_cap(
     batch within it.
 
     Whatever is not in the batch waits for it and then needs at least a batch of one, so the
-    batch's predicted run time p(n) may use at most: for each queued entry left out, its slack
+    batch's predicted run time p(n) may use at most: for each queued entry left out (of the
+    head's priority level or a more urgent one: priorities stay as documented), its slack
     (deadline − now − p(1)) — counted only where that slack covers a batch of one, since an
     entry with less cannot wait for any batch; and for a tight request arriving now, its budget
     (``inputs.tight_budget``) less its :func:`margin` and p(1). The cap is the largest n whose
@@ -321,13 +340,15 @@ def _deadline_cap(
     tight = inputs.tight_budget
     if tight < math.inf:
         base = tight - min(DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE * tight) - latency.lower_bound(1, length)
+    head = batch[0][0].priority
     for _ in range(4):
         taken = {id(e): n for e, n in batch}
         limit = base
         for e in live:
-            if e.deadline < math.inf and e.rows > taken.get(id(e), 0):
+            # Only rows as urgent as the batch's head: a lower priority never shrinks it.
+            if e.deadline < math.inf and e.priority <= head and e.rows > taken.get(id(e), 0):
                 slack = e.deadline - now - one(e)
-                if slack >= latency.predict(1, length):
+                if slack >= latency.lower_bound(1, length):
                     limit = min(limit, slack)
         rows = sum(n for _, n in batch)
         fits = max(_rows_within(limit, length, latency, rows), floor)
@@ -339,13 +360,15 @@ def _deadline_cap(
 
 
 def _rows_within(limit: float, length: int, latency: LatencyModel, most: int) -> int:
-    """The largest n in 1..``most`` whose predicted run time is within ``limit`` seconds (1 if none)."""
-    if latency.predict(most, length) <= limit:
+    """The largest n in 1..``most`` whose least run time (:meth:`LatencyModel.lower_bound`,
+    as :func:`_on_time` judges a batch: a length never measured is not scaled up, else one
+    long row would cap every batch it joins at one row) is within ``limit`` seconds (1 if none)."""
+    if latency.lower_bound(most, length) <= limit:
         return most
     lo, hi = 1, most  # p(lo) may not fit (then 1); p(hi) does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if latency.predict(mid, length) <= limit:
+        if latency.lower_bound(mid, length) <= limit:
             lo = mid
         else:
             hi = mid
