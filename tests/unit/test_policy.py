@@ -505,7 +505,10 @@ DEADLINE_CAP = [
     row("a-row-that-cannot-wait-for-any-batch-does-not-cap",  # late's slack 9U < p(1): it cannot wait anyway
         *(E(f"h{i}", deadline=NOW + 18 * U) for i in range(8)), E("late", deadline=NOW + 19 * U),
         batch=tuple((f"h{i}", 1) for i in range(8))),
-    row("the-head-runs-even-if-nothing-fits", *EIGHT, inputs=tight(4 * U), batch=(("r0", 1),)),
+    row("the-head-runs-alone-if-only-a-batch-of-one-fits",  # 27U: 27 − 6.75 − 10 = 10.25U, p(1) = 10U
+        *EIGHT, inputs=tight(27 * U), batch=(("r0", 1),)),
+    row("a-budget-no-batch-can-protect-caps-nothing",  # 24U: 24 − 6 − 10 = 8U < p(1)
+        *EIGHT, inputs=tight(24 * U), batch=tuple((f"r{i}", 1) for i in range(8))),
     row("a-capped-batch-goes-now-under-a-timer", *EIGHT, policy=TIMER, inputs=tight(32 * U),
         batch=tuple((f"r{i}", 1) for i in range(5))),
 ]

@@ -324,7 +324,9 @@ def _deadline_cap(
     head's priority level or a more urgent one: priorities stay as documented), its slack
     (deadline − now − p(1)) — counted only where that slack covers a batch of one, since an
     entry with less cannot wait for any batch; and for a tight request arriving now, its budget
-    (``inputs.tight_budget``) less its :func:`margin` and p(1). The cap is the largest n whose
+    (``inputs.tight_budget``) less its :func:`margin` and p(1), again only where that covers a
+    batch of one (a model whose batch of one outlasts the tight budgets cannot protect them,
+    and batches of one would only lower its throughput). The cap is the largest n whose
     p(n) fits (at least 1), and the batch is selected again under it until nothing more left
     out lowers it (each pass only lowers the cap).
 
@@ -340,6 +342,8 @@ def _deadline_cap(
     tight = inputs.tight_budget
     if tight < math.inf:
         base = tight - min(DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE * tight) - latency.lower_bound(1, length)
+        if base < latency.lower_bound(1, length):
+            base = math.inf  # not even a batch of one ahead leaves it time: no cap can help it
     head = batch[0][0].priority
     for _ in range(4):
         taken = {id(e): n for e, n in batch}
