@@ -21,7 +21,9 @@
    which both resources keep up with the measured arrival rate λ (:func:`_target_rows`): the
    engine (λ·p(n)/n per slot ≤ 1) and the host thread that does the per-batch work
    (other work + λ·h/n ≤ :data:`HOST_TARGET`, h the measured host CPU per batch,
-   :mod:`.host`). At low load both hold at the rows queued now, so a lone request runs at once.
+   :mod:`.host`); a wait the engine alone asks for is taken only where it delays no queued row
+   or no size up to the cap keeps up (:func:`_target_rows`). At low load both hold at the rows
+   queued now, so a lone request runs at once.
    Under the fixed timer the batch goes when ``max_queue_delay`` is zero or the largest
    preferred size is reached. Otherwise it waits — for that batch size (adaptive) or for
    ``max_queue_delay`` (fixed) — but never past the moment a selected row would miss its
