@@ -83,8 +83,10 @@ class BatchingPolicy:
             cannot starve under sustained high-priority load. ``math.inf`` disables aging.
         adaptive: the adaptive policy (default): with a free slot, wait for more rows only
             while the engine, at the batch size queued now, runs fewer rows per second than
-            arrive (measured arrival rate), and only as long as the deadlines allow. False:
-            Triton's fixed timer, waiting up to ``max_queue_delay`` for a fuller batch.
+            arrive (measured arrival rate), or the host thread's per-batch work at that size
+            would push it past its target share (``batching.policy.HOST_TARGET``), and only as
+            long as the deadlines allow. False: Triton's fixed timer, waiting up to
+            ``max_queue_delay`` for a fuller batch.
         adaptive_batch_size: let the dispatcher cap batches at the knee of the measured
             throughput curve (at most ``max_batch_size``) instead of always up to
             ``max_batch_size``; the cap follows drift in measured run times.

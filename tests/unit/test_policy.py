@@ -104,8 +104,7 @@ def noisy_low() -> LatencyModel:
 
 
 LAT = affine(9, 1)  # p(n) = (9 + n)·U: p(1) = 10U, p(2) = 11U, p(8) = 17U
-# A curve that dips after one row (p(1) = 16U, p(n ≥ 2) = 8U): the only kind on which today's
-# adaptive rule waits (see ADAPTIVE).
+# A curve that dips after one row (p(1) = 16U, p(n ≥ 2) = 8U).
 DIP = points((1, 16 * U), (2, 8 * U))
 
 GO = BatchingPolicy(max_batch_size=8, adaptive=False)  # fixed timer, max_queue_delay 0: never waits
@@ -195,6 +194,8 @@ EXPIRY = [
     row("no-deadline-never-expires", E("a", arrival=NOW - 1e6), batch=(("a", 1),)),
     row("exactly-at-last-start-with-a-free-slot-runs", E("a", deadline=NOW + 10 * U),
         batch=(("a", 1),)),
+    row("a-row-left-out-at-exactly-its-last-start-expires",  # alone it would start now; in b, c's batch it is late
+        E("tight", deadline=NOW + 10 * U), E("b"), E("c"), expired=("tight",), batch=(("b", 1), ("c", 1))),
     row("exactly-at-last-start-without-a-free-slot-expires", E("a", deadline=NOW + 10 * U),
         inputs=inputs(free_slots=0), expired=("a",)),
     row("just-before-last-start-without-a-free-slot-waits-for-it", E("a", deadline=NOW + 11 * U),
@@ -327,16 +328,21 @@ def test_length_bucketing(r: Row) -> None:
 # -- 2. select: rows that would finish late -------------------------------------------------------
 
 ON_TIME = [
-    row("a-row-that-would-finish-late-is-left-out",  # alone 10U fits 11U; in 3 rows (12U) it does not
-        E("tight", deadline=NOW + 11 * U), E("b"), E("c"), batch=(("b", 1), ("c", 1))),
+    row("the-largest-batch-whose-rows-all-finish-in-time",  # 3 rows (12U) would make tight late; 2 (11U) do not
+        E("tight", deadline=NOW + 11 * U), E("b"), E("c"), batch=(("tight", 1), ("b", 1))),
+    row("a-row-that-would-finish-late-is-left-out",  # with 3 of 4 on time at 13U, 3 rows run
+        E("tight", deadline=NOW + 11 * U), E("b"), E("c"), E("d"), batch=(("b", 1), ("c", 1), ("d", 1))),
+    row("under-overload-the-batch-shrinks-only-as-far-as-it-must",
+        # every row's deadline at 13U: 8 rows (17U) would all be late, 4 (13U) are all on time
+        *(E(f"r{i}", deadline=NOW + 13 * U) for i in range(8)), batch=tuple((f"r{i}", 1) for i in range(4))),
     row("finishing-exactly-at-the-deadline-is-on-time", E("tight", deadline=NOW + 12 * U), E("b"), E("c"),
         batch=(("tight", 1), ("b", 1), ("c", 1))),
     row("judged-at-the-low-estimate",  # mean of 2 rows 14U + ... would drop it; low 10.4U·2 does not
         E("a", deadline=NOW + 21 * U), E("b"), latency=noisy_low, batch=(("a", 1), ("b", 1))),
     row("when-all-would-be-late-the-most-urgent-runs-alone",
         E("a", deadline=NOW + 10.5 * U), E("b", deadline=NOW + 10.5 * U), batch=(("a", 1),)),
-    row("the-left-out-rows-last-start-bounds-the-wait",  # alone 10U fits 10.5U, with b (11U) not
-        E("tight", deadline=NOW + 10.5 * U), E("b"), policy=TIMER, wake_at=NOW + 0.5 * U),
+    row("a-row-that-fits-only-alone-runs-alone-at-once",  # alone 10U fits 10.5U, with b (11U) not; no slack to wait
+        E("tight", deadline=NOW + 10.5 * U), E("b"), policy=TIMER, batch=(("tight", 1),)),
 ]
 
 
@@ -395,9 +401,10 @@ def test_fixed_timer_wait(r: Row) -> None:
 
 
 # -- 4. wait: adaptive --------------------------------------------------------------------------------
-# The wait pays if ((n − rows)/λ + p(n))/n < p(rows)/rows, and the slot keeps up if
-# n ≥ λ·((n − rows)/λ + p(n)), i.e. rows ≥ λ·p(n). The first needs λ·p(rows) > rows (checked up
-# front), so with p(n) ≥ p(rows) the second never holds: only a curve that dips (DIP) waits.
+# The target is the smallest n ≥ rows at which the engine keeps up (λ·p(n) ≤ n per slot) and
+# the host keeps up (other + λ·h/n ≤ HOST_TARGET); the wait for it is (n − rows)/λ. For the
+# engine alone the wait is taken only if the queued rows finish no later for it
+# ((n − rows)/λ + p(n) ≤ p(rows), as on DIP) or no size up to the cap keeps up (overload).
 
 ADAPTIVE = [
     row("no-arrivals-go-now", E("a"), policy=ADAPT, batch=(("a", 1),)),
@@ -407,17 +414,20 @@ ADAPTIVE = [
         # BatchingPolicy.adaptive: "wait for more rows only while the engine, at the batch size
         # queued now, runs fewer rows per second than arrive". One row at p(1) = 10U runs 102
         # rows/s; 512/s arrive, so every further row lowers the slot time per row.
-        E("a"), policy=ADAPT, inputs=inputs(arrival_rate=512.0), wake_at=After(NOW),
-        marks=pytest.mark.xfail(strict=True, reason="bug: _target_rows' keep-up test rows ≥ λ·p(n) contradicts "
-                                "its own λ·p(rows) > rows, so adaptive never waits on a nondecreasing curve")),
+        # No size up to the cap keeps up ((9 + n)·U·512/s > n for n ≤ 8): wait for a full batch,
+        # 7 rows at 512/s away.
+        E("a"), policy=ADAPT, inputs=inputs(arrival_rate=512.0), wake_at=NOW + 7 / 512),
+    row("the-engine-does-not-wait-where-it-would-delay-the-queued-rows",
+        # 128/s keeps up from n = 2, but the wait (8U) and p(2) = 11U finish after p(1) = 10U: go
+        E("a"), policy=ADAPT, inputs=inputs(arrival_rate=128.0), batch=(("a", 1),)),
     row("waits-for-the-rows-that-lower-the-cost",  # λ = 128/s per slot: target 2 rows, 1/λ = 8U away
         E("a"), policy=ADAPT, latency=DIP, inputs=inputs(arrival_rate=128.0), wake_at=NOW + 8 * U),
     row("the-target-is-priced-at-the-rate-per-slot",
         # 256/s over 2 slots is 128/s each: the same target of 2 rows as above; the wake is
         # when the queue (fed at 256/s) should hold them.
         E("a"), policy=ADAPT, latency=DIP, inputs=inputs(arrival_rate=256.0, slots=2), wake_at=NOW + 4 * U),
-    row("arrivals-too-fast-for-the-slot-to-keep-up-go-now",  # 256/s on one slot: 1 < 256·p(2) = 2
-        E("a"), policy=ADAPT, latency=DIP, inputs=inputs(arrival_rate=256.0), batch=(("a", 1),)),
+    row("two-queued-rows-that-keep-up-go-now",  # 256/s on one slot: 256·p(2) = 2 ≤ 2
+        E("a"), E("b"), policy=ADAPT, latency=DIP, inputs=inputs(arrival_rate=256.0), batch=(("a", 1), ("b", 1))),
     row("max-queue-delay-bounds-an-adaptive-wait",
         E("a", arrival=NOW - U), policy=BatchingPolicy(max_batch_size=8, max_queue_delay=4 * U), latency=DIP,
         inputs=inputs(arrival_rate=128.0), wake_at=NOW + 3 * U),
@@ -429,6 +439,83 @@ ADAPTIVE = [
 
 @pytest.mark.parametrize("r", ADAPTIVE)
 def test_adaptive_wait(r: Row) -> None:
+    check(r)
+
+
+# -- 4. wait: adaptive, the host's share ----------------------------------------------------------
+# LAT's engine keeps up at 64/s from one row (64·10U ≤ 1), so only the host can ask for a wait.
+
+def host(share: float, batch_share: float, per_batch: float, rate: float = 64.0, **kw) -> Inputs:
+    return Inputs(NOW, kw.get("free_slots", 1), kw.get("slots", 1), rate, kw.get("cap", 8),
+                  host_share=share, host_batch_share=batch_share, host_per_batch=per_batch)
+
+
+HOST = [
+    row("a-host-with-room-runs-a-lone-row-at-once",  # 64/s · 1 ms per batch = 0.0625 ≤ 0.8 − 0.05
+        E("a"), policy=ADAPT, inputs=host(0.1, 0.05, 0.001), batch=(("a", 1),)),
+    row("an-unmeasured-host-cost-never-waits", E("a"), policy=ADAPT, inputs=host(1.0, 0.0, 0.0), batch=(("a", 1),)),
+    row("a-busy-host-waits-for-the-size-that-fits-its-target",
+        # other work 0.5 − 0.1 = 0.4; 64/s · 32U = 2 host-seconds per second at batch 1: n = ⌈2/0.4⌉ = 5
+        E("a"), policy=ADAPT, inputs=host(0.5, 0.1, 32 * U), wake_at=NOW + 4 / 64),
+    row("queued-rows-that-fit-the-host-target-go-now",
+        *(E(f"r{i}") for i in range(5)), policy=ADAPT, inputs=host(0.5, 0.1, 32 * U),
+        batch=tuple((f"r{i}", 1) for i in range(5))),
+    row("a-host-full-of-other-work-leaves-the-batches-the-minimum-headroom",
+        # other work 0.9 > HOST_TARGET: 64/s · 2U / 0.05 = 2.5, so 3 rows
+        E("a"), policy=ADAPT, inputs=host(1.0, 0.1, 2 * U), wake_at=NOW + 2 / 64),
+    row("a-host-wait-is-for-at-most-a-full-batch",  # the host would want 40 rows; the cap is 8
+        E("a"), policy=ADAPT, inputs=host(0.5, 0.1, 256 * U), wake_at=NOW + 7 / 64),
+    row("a-host-wait-is-bounded-by-deadline-slack",  # 5 rows wanted; 25U − 10 ms − p(5) = 25 − 10.24 − 14
+        E("a", arrival=NOW - 0.1, deadline=NOW + 25 * U), policy=ADAPT, inputs=host(0.5, 0.1, 32 * U),
+        wake_at=NOW + 25 * U - DEADLINE_MARGIN_S - 14 * U),
+    row("the-fixed-timer-ignores-the-host", E("a"), policy=GO, inputs=host(1.0, 0.5, 32 * U), batch=(("a", 1),)),
+]
+
+
+@pytest.mark.parametrize("r", HOST)
+def test_adaptive_host_wait(r: Row) -> None:
+    check(r)
+
+
+# -- 3. cap by deadlines ------------------------------------------------------------------------------
+# LAT: p(n) = (9 + n)·U. A tight budget of 32U: margin 8U, so a tight arrival leaves the batch
+# 32 − 8 − p(1) = 14U: five rows.
+
+
+def tight(budget: float, free_slots: int = 1, slots: int = 1) -> Inputs:
+    return Inputs(NOW, free_slots, slots, 0.0, 8, tight_budget=budget)
+
+
+EIGHT = tuple(E(f"r{i}") for i in range(8))
+
+DEADLINE_CAP = [
+    row("a-tight-budget-caps-the-batch", *EIGHT, inputs=tight(32 * U), batch=tuple((f"r{i}", 1) for i in range(5))),
+    row("a-loose-budget-does-not", *EIGHT, inputs=tight(64 * U), batch=tuple((f"r{i}", 1) for i in range(8))),
+    row("not-while-another-slot-stays-free", *EIGHT, inputs=tight(32 * U, free_slots=2, slots=2),
+        batch=tuple((f"r{i}", 1) for i in range(8))),
+    row("a-tight-budget-caps-an-oversized-request", E("big", rows=20), inputs=tight(32 * U), batch=(("big", 5),)),
+    row("the-rows-left-behind-cap-the-batch",
+        # late's slack 25U − p(1) = 15U: six rows; that leaves h6, h7 behind, slack 14U: five.
+        # Then h5's batch of one starts at 14U and ends at its deadline, 24U.
+        *(E(f"h{i}", deadline=NOW + 24 * U) for i in range(8)), E("late", deadline=NOW + 25 * U),
+        batch=tuple((f"h{i}", 1) for i in range(5))),
+    row("a-lower-priority-row-left-behind-does-not-cap",  # priority 2 behind a priority-1 batch
+        *(E(f"h{i}", priority=1) for i in range(8)), E("low", priority=2, deadline=NOW + 25 * U),
+        policy=LEVELS, batch=tuple((f"h{i}", 1) for i in range(8))),
+    row("a-row-that-cannot-wait-for-any-batch-does-not-cap",  # late's slack 9U < p(1): it cannot wait anyway
+        *(E(f"h{i}", deadline=NOW + 18 * U) for i in range(8)), E("late", deadline=NOW + 19 * U),
+        batch=tuple((f"h{i}", 1) for i in range(8))),
+    row("the-head-runs-alone-if-only-a-batch-of-one-fits",  # 27U: 27 − 6.75 − 10 = 10.25U, p(1) = 10U
+        *EIGHT, inputs=tight(27 * U), batch=(("r0", 1),)),
+    row("a-budget-no-batch-can-protect-caps-nothing",  # 24U: 24 − 6 − 10 = 8U < p(1)
+        *EIGHT, inputs=tight(24 * U), batch=tuple((f"r{i}", 1) for i in range(8))),
+    row("a-capped-batch-goes-now-under-a-timer", *EIGHT, policy=TIMER, inputs=tight(32 * U),
+        batch=tuple((f"r{i}", 1) for i in range(5))),
+]
+
+
+@pytest.mark.parametrize("r", DEADLINE_CAP)
+def test_deadline_cap(r: Row) -> None:
     check(r)
 
 
@@ -467,10 +554,7 @@ def test_deadline_slack(r: Row) -> None:
 
 PROGRESS = [
     pytest.param(Row((E("tight", deadline=NOW + 10 * U + U), E("b")), policy=TIMER, inputs=inputs(now=NOW + U)),
-                 id="left-out-row-at-its-last-start",
-                 marks=pytest.mark.xfail(strict=True, reason="bug: a row _on_time leaves out, at exactly its last "
-                                         "start with a slot free, is neither expired nor run, and its last start "
-                                         "(= now) becomes wake_at: on a FakeClock the dispatcher re-decides forever")),
+                 id="left-out-row-at-its-last-start"),
     pytest.param(Row((E("a", deadline=NOW + 0.100),), policy=TIMER), id="timer-wait"),
     pytest.param(Row((E("a", arrival=NOW - 1.0 + U),), policy=TIMER), id="timer-one-unit-short"),
 ]

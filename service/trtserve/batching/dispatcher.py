@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,6 +23,8 @@ from ..clock import Clock, MonotonicClock
 from ..errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
 from ..runtimes.base import Abortable, Backend, Batch, unpack
 from ..config import BatchingPolicy, TimeoutAction
+from .budgets import DeadlineBudgets
+from .host import HostMeter
 from .drain import HINT_REFRESH_S, QueueHint, SlotEnds, Wait, predict, queue_hint
 from .latency import LatencyModel
 from .policy import Inputs, adaptive_cap, decide
@@ -54,6 +57,10 @@ class Dispatcher:
         clock: time source (a ``FakeClock`` in tests).
         latency: predicted run times; learned from every batch run here.
         stats: counters for metrics and ModelStatistics.
+        host: per-batch host CPU and the loop thread's busy share. By default it reads
+            :func:`time.thread_time` of the loop thread with the production clock, and a
+            counter that never moves with any other clock (CPU time against fake time would
+            make fake-clock tests depend on the machine); the simulator passes its host's.
     """
 
     def __init__(
@@ -64,6 +71,7 @@ class Dispatcher:
         clock: Clock | None = None,
         latency: LatencyModel | None = None,
         stats: DispatchStats | None = None,
+        host: HostMeter | None = None,
     ) -> None:
         self.backend = backend
         self.policy = policy
@@ -72,11 +80,14 @@ class Dispatcher:
         self.stats = stats or DispatchStats()
         self.queue = RequestQueue()
         self.arrivals = ArrivalRate()
+        self.host = host or HostMeter(time.thread_time if isinstance(self.clock, MonotonicClock) else _no_cpu)
+        self.budgets = DeadlineBudgets()
         self.cap = policy.rows_per_batch
         self._idle = list(range(backend.slots))
         self._running: set[asyncio.Task[None]] = set()
         self._inflight: dict[QueueEntry, None] = {}  # entries with rows in a running batch
         self._hang_at: dict[int, tuple[float, float]] = {}  # running slot -> (started, counts as hung at)
+        self._launch_cpu: dict[int, float] = {}  # slot -> host CPU of deciding and launching its batch
         self.unhealthy_slots: set[int] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -133,6 +144,7 @@ class Dispatcher:
             raise refusal
         self.queue.push(entry, self.policy.queue_policy(level).max_queue_size)
         self.arrivals.observe(now, entry.rows)
+        self.budgets.observe(deadline - now)
         future.add_done_callback(lambda _f: self._on_done(entry))
         self._wake.set()
         return future
@@ -171,6 +183,25 @@ class Dispatcher:
         return len(self.unhealthy_slots) < self.backend.slots
 
     @property
+    def host_overhead_s(self) -> float:
+        """Measured host CPU seconds one batch costs beside its engine run (per-batch code on
+        the event loop: decide, launch, hand-off, deliver); 0 before the first batch."""
+        return self.host.per_batch
+
+    @property
+    def host_busy_share(self) -> float:
+        """The event-loop thread's busy share (CPU / wall) over the recent windows, 0..1 (a
+        simulated host with a backlog may exceed 1)."""
+        return self.host.share(self.clock.now())[0]
+
+    @property
+    def tight_budget_s(self) -> float:
+        """The tight end (10th percentile) of recent requests' deadline budgets, seconds
+        (``math.inf`` while most carry no deadline): batches are capped so such a request
+        arriving during one can still be answered."""
+        return self.budgets.tight
+
+    @property
     def idle_slots(self) -> int:
         """Execution slots not running a batch now."""
         return len(self._idle)
@@ -186,15 +217,19 @@ class Dispatcher:
     # -- the loop -----------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        cpu = self.host.cpu
         while True:
             self._wake.clear()
+            mark = cpu()
             now = self.clock.now()
-            inputs = Inputs(now, len(self._idle), self.backend.slots, self.arrivals.rate(now), self.cap)
+            share, batch_share = self.host.share(now)
+            inputs = Inputs(now, len(self._idle), self.backend.slots, self.arrivals.rate(now), self.cap,
+                            share, batch_share, self.host.per_batch, self.budgets.tight)
             decision = decide(self.queue.entries, inputs, self.policy, self.latency)
             for entry in decision.expired:
                 self._expire(entry)
             if decision.batch:
-                self._launch(self.queue.take(decision.batch))
+                self._launch(self.queue.take(decision.batch), mark)
                 continue
             if self._closing and not self.queue.entries and len(self._idle) == self.backend.slots:
                 return
@@ -253,7 +288,9 @@ class Dispatcher:
         self.stats.expired_before_run += 1
         _fail(entry, RequestTimeout("the request's deadline passed while it was queued; it was not run"))
 
-    def _launch(self, pieces: list[Piece]) -> None:
+    def _launch(self, pieces: list[Piece], cpu_mark: float) -> None:
+        """Start ``pieces`` as one batch on an idle slot; ``cpu_mark``: the host CPU counter
+        when the decision to run it began (the decision counts as the batch's host cost)."""
         slot = self._idle.pop()
         rows = sum(p.rows for p in pieces)
         predicted = self.latency.predict(rows, max(p.entry.length for p in pieces))
@@ -265,21 +302,32 @@ class Dispatcher:
         task = asyncio.get_running_loop().create_task(self._run(slot, pieces))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
+        self._launch_cpu[slot] = self.host.cpu() - cpu_mark
 
     async def _run(self, slot: int, pieces: Sequence[Piece]) -> None:
+        # Host CPU of this batch: the decision and launch (_launch_cpu), this code up to the
+        # backend's first suspension, and the code after the run up to the delivery.
+        cpu = self.host.cpu
+        mark = cpu()
         batch = Batch(tuple(p.inputs() for p in pieces), sum(p.rows for p in pieces))
         length = max(p.entry.length for p in pieces)
         real = sum(p.rows * p.entry.length for p in pieces)
         start = self.clock.now()
         self.stats.record_started(start - p.entry.arrival for p in pieces if p.seg == 0 and p.start == 0)
         try:
-            outputs = await self.backend.run(slot, batch)
+            pending = self.backend.run(slot, batch)
+            host_cpu = self._launch_cpu.pop(slot, 0.0) + cpu() - mark
+            outputs = await pending
+            mark = cpu()
             elapsed = self.clock.now() - start
             self.latency.observe(batch.rows, elapsed, length)
             self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length, real=real,
                                     requests=len({id(p.entry) for p in pieces}))
             self._refresh_cap(length)
             self._deliver(pieces, batch, outputs)
+            host_cpu += cpu() - mark
+            self.host.observe_batch(host_cpu)
+            self.stats.host_seconds += host_cpu
         except TrtServeError as exc:
             self._fail_pieces(pieces, exc)
         except Exception as exc:  # a runtime bug must not strand the batch's callers
@@ -319,6 +367,10 @@ class Dispatcher:
         # while it has rows left; a resolved one has none or was removed already.)
         if entry.rows and self.queue.remove(entry):
             self._wake.set()
+
+
+def _no_cpu() -> float:
+    return 0.0
 
 
 def _fail(entry: QueueEntry, exc: Exception) -> None:

@@ -4,7 +4,7 @@
 
 1. **Expire.** Every queued request whose deadline is earlier than ``now`` plus the predicted
    run time of a batch of one (of its length) can no longer be answered in time (at exactly
-   that moment only if no slot is free to start it).
+   that moment only if it is not started now).
 2. **Select** rows up to the batch cap in (priority, deadline, arrival) order, requests waiting
    longer than ``priority_aging`` first (not those ``TimeoutAction.DELAY`` moved last). When more rows wait than one batch holds and their
    lengths vary, the batch is filled with the rows closest in length to the most urgent one
@@ -12,14 +12,23 @@
    over.
    Rows that would finish after their deadline at the batch's predicted run time are left
    out (no engine time on an answer nobody reads).
-3. **Go or wait.** With a free slot the batch goes now if it is full, or if waiting could
-   not pay off: under the adaptive policy, unless the rows expected to arrive (measured
-   arrival rate) lower the slot time per row, idle wait included, while the slot still keeps
-   up with arrivals (see :func:`_target_rows`); under the fixed timer, when
-   ``max_queue_delay`` is zero or the largest preferred size is reached. Otherwise it waits —
-   for that batch size (adaptive) or for ``max_queue_delay`` (fixed) — but never past the
-   moment a selected row would miss its deadline given the predicted run time of the larger
-   batch, less a safety :func:`margin`. An arrival or a freed slot wakes the dispatcher sooner.
+3. **Cap by deadlines.** When the batch takes the last free slot, its predicted run time must
+   leave every queued row it leaves behind, and a tight request likely to arrive while it runs
+   (the low quantile of recent budgets, :mod:`.budgets`), time for a batch of one after it:
+   p(n) + p(1) ≤ slack (see :func:`_deadline_cap`). Loose rows wait for a later batch.
+4. **Go or wait.** With a free slot the batch goes now if it is full, or if waiting could
+   not pay off. Under the adaptive policy the batch size worth waiting for is the smallest at
+   which both resources keep up with the measured arrival rate λ (:func:`_target_rows`): the
+   engine (λ·p(n)/n per slot ≤ 1) and the host thread that does the per-batch work
+   (other work + λ·h/n ≤ :data:`HOST_TARGET`, h the measured host CPU per batch,
+   :mod:`.host`); a wait the engine alone asks for is taken only where it delays no queued row
+   or no size up to the cap keeps up (:func:`_target_rows`). At low load both hold at the rows
+   queued now, so a lone request runs at once.
+   Under the fixed timer the batch goes when ``max_queue_delay`` is zero or the largest
+   preferred size is reached. Otherwise it waits — for that batch size (adaptive) or for
+   ``max_queue_delay`` (fixed) — but never past the moment a selected row would miss its
+   deadline given the predicted run time of the larger batch, less a safety :func:`margin`.
+   An arrival or a freed slot wakes the dispatcher sooner.
 
 It reads no clock and changes nothing; the dispatcher applies the :class:`Decision`.
 """
@@ -44,6 +53,14 @@ DEADLINE_MARGIN_S = 0.010
 # ... but never more than this share of a request's own budget (deadline - arrival): a 10 ms
 # margin on a 10 ms deadline would forbid every wait.
 DEADLINE_MARGIN_SHARE = 0.25
+# The busy share of the host thread that the adaptive policy keeps its per-batch work under:
+# above it, queues on the host (the requests not yet read) grow faster than waits for more
+# rows cost (M/D/1: the queueing delay grows as ρ/(1 − ρ), 4 service times at 0.8) ...
+HOST_TARGET = 0.8
+# ... and, when per-request work alone fills the host past HOST_TARGET, the share the
+# per-batch work may still take: batches grow until it is under this (more rows then buy
+# under 5 % of the host).
+HOST_MIN_HEADROOM = 0.05
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,12 @@ class Inputs:
         slots: execution slots in all.
         arrival_rate: measured arrival rate, rows per second.
         cap: the batch cap in rows (``max_batch_size``, or the adaptive cap below it).
+        host_share: busy share of the host thread (0..1, may exceed 1 on a backlog),
+            :meth:`HostMeter.share <trtserve.batching.host.HostMeter.share>`.
+        host_batch_share: the part of ``host_share`` spent on per-batch work.
+        host_per_batch: host CPU seconds one batch costs beside its engine run.
+        tight_budget: the tight end of recent deadline budgets (deadline − arrival, seconds;
+            ``math.inf`` for none), :class:`~trtserve.batching.budgets.DeadlineBudgets`.
     """
 
     now: float
@@ -81,6 +104,10 @@ class Inputs:
     slots: int
     arrival_rate: float
     cap: int
+    host_share: float = 0.0
+    host_batch_share: float = 0.0
+    host_per_batch: float = 0.0
+    tight_budget: float = math.inf
 
 
 def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy, latency: LatencyModel) -> Decision:
@@ -96,38 +123,56 @@ def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
     one = _OneRow(latency)
     # An entry's last start is deadline − p(1); the same float is the wake time, so a wake at
     # it always finds the entry expired or startable.
-    expired = tuple(
+    expired = [
         e for e in entries
         if e.deadline - one(e) < now or (e.deadline - one(e) == now and inputs.free_slots <= 0)
-    )
-    live: Sequence[QueueEntry] = entries
-    if expired:
-        gone = {id(e) for e in expired}
-        live = [e for e in entries if id(e) not in gone]
-    next_expiry = min((e.deadline - one(e) for e in live if e.deadline < math.inf), default=math.inf)
-    expiry_wake = next_expiry if next_expiry < math.inf else None
+    ]
+    live: Sequence[QueueEntry] = _without(entries, expired)
     if not live or inputs.free_slots <= 0:
-        return Decision(expired, (), expiry_wake)
+        return Decision(tuple(expired), (), _next_expiry(live, one))
 
     cap = inputs.cap
     batch = _on_time(_select(live, now, cap, policy, latency), now, latency)
+    if inputs.free_slots == 1:
+        keep_up = _engine_rows(1, max(e.length for e, _ in batch), inputs, latency)
+        cap, batch = _deadline_cap(batch, live, inputs, policy, latency, one, keep_up)
+    # A row at exactly its last start that this batch leaves out can start no later: expired.
+    chosen = {id(e) for e, _ in batch}
+    at_last = [e for e in live if id(e) not in chosen and e.deadline - one(e) <= now]
+    if at_last:
+        expired += at_last
+        live = _without(live, at_last)
+    expiry_wake = _next_expiry(live, one)
     rows = sum(n for _, n in batch)
     length = max(e.length for e, _ in batch)
     if rows >= cap:
-        return Decision(expired, batch, None)
+        return Decision(tuple(expired), batch, None)
 
-    target = _target_rows(rows, length, inputs, policy, latency)
+    target = min(_target_rows(rows, length, inputs, policy, latency), cap)
     if target <= rows:
-        return Decision(expired, batch, None)
+        return Decision(tuple(expired), batch, None)
     wait_until = min(e.deadline - margin(e) for e, _ in batch) - latency.predict(target, length)
     if policy.adaptive:
         wait_until = min(wait_until, now + (target - rows) / inputs.arrival_rate)
     if policy.max_queue_delay > 0:
         wait_until = min(wait_until, min(e.arrival for e, _ in batch) + policy.max_queue_delay)
     if wait_until <= now:
-        return Decision(expired, batch, None)
+        return Decision(tuple(expired), batch, None)
     wake = wait_until if expiry_wake is None else min(wait_until, expiry_wake)
-    return Decision(expired, (), wake)
+    return Decision(tuple(expired), (), wake)
+
+
+def _without(entries: Sequence[QueueEntry], gone: Sequence[QueueEntry]) -> Sequence[QueueEntry]:
+    if not gone:
+        return entries
+    ids = {id(e) for e in gone}
+    return [e for e in entries if id(e) not in ids]
+
+
+def _next_expiry(live: Sequence[QueueEntry], one: _OneRow) -> float | None:
+    """The earliest last start (deadline − p(1)) among ``live``; ``None`` for none."""
+    t = min((e.deadline - one(e) for e in live if e.deadline < math.inf), default=math.inf)
+    return t if t < math.inf else None
 
 
 def margin(entry: QueueEntry) -> float:
@@ -164,25 +209,65 @@ def adaptive_cap(latency: LatencyModel, policy: BatchingPolicy, length: int = 1,
 
 
 def _on_time(batch: tuple[tuple[QueueEntry, int], ...], now: float, latency: LatencyModel) -> tuple[tuple[QueueEntry, int], ...]:
-    """Leave out of the batch the rows that would finish after their deadline even at the
-    batch's least run time (:meth:`LatencyModel.lower_bound`; they stay queued: a smaller batch
-    on another slot may still make it, else they expire unrun). A row that may still make it
-    is kept: left out, it would wait for this batch and surely miss. If that leaves nothing,
-    the most urgent entry runs alone."""
+    """The largest batch within ``batch`` whose rows all finish by their deadlines at its
+    least run time (:meth:`LatencyModel.lower_bound`): m rows, m as large as there are m rows
+    with deadline ≥ now + p_low(m) (found by bisection: that count falls as m grows), taken in
+    the selection's order. The rows left out stay queued (a smaller batch on another slot may
+    still make it, else they expire unrun): no engine time on answers nobody reads, and under
+    overload, when every queued row is near its deadline, the batch shrinks only as far as it
+    must instead of to the most urgent row alone. If no row fits at all, the most urgent
+    entry runs alone."""
     rows = sum(n for _, n in batch)
-    finish = now + latency.lower_bound(rows, max(e.length for e, _ in batch))
-    kept = tuple((e, n) for e, n in batch if e.deadline >= finish)
-    return kept or batch[:1]
+    length = max(e.length for e, _ in batch)
+
+    def fitting(m: int) -> int:
+        finish = now + latency.lower_bound(m, length)
+        return sum(n for e, n in batch if e.deadline >= finish)
+
+    if fitting(rows) >= rows:
+        return batch
+    lo, hi = 0, rows  # fitting(lo) >= lo; fitting(hi) < hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fitting(mid) >= mid:
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0:
+        return batch[:1]
+    finish = now + latency.lower_bound(lo, length)
+    kept: list[tuple[QueueEntry, int]] = []
+    room = lo
+    for e, n in batch:
+        if room and e.deadline >= finish:
+            kept.append((e, min(n, room)))
+            room -= kept[-1][1]
+    return tuple(kept)
 
 
 def _target_rows(rows: int, length: int, inputs: Inputs, policy: BatchingPolicy, latency: LatencyModel) -> int:
     """The batch size worth waiting for; ``rows`` means go now.
 
-    Adaptive: with arrivals at λ rows/s per slot, waiting for n rows takes w = (n − rows)/λ and
-    then p(n). The wait pays only if it lowers the slot time per row, (w + p(n))/n < p(rows)/rows
-    (the slot idles while it waits), and only if the slot still keeps up with arrivals over
-    the wait and the run, n ≥ λ·(w + p(n)); otherwise running now and letting the next batch
-    grow while this one runs is better (the simulator shows waiting then loses goodput).
+    Adaptive: the smallest n ≥ ``rows`` (at most the cap) at which both resources a batch uses
+    keep up with arrivals at λ rows/s, so that running at n does not build a queue that
+    waiting would have avoided:
+
+    * the engine: λ·p(n) ≤ n per slot (a slot running batches of n serves n/p(n) rows/s;
+      what ``BatchingPolicy.adaptive`` documents: wait only while the engine, at the size
+      queued now, runs fewer rows per second than arrive);
+    * the host thread: its other work plus λ·h/n ≤ :data:`HOST_TARGET` (batches of n cost
+      h seconds of host CPU each, λ/n of them per second), where the other work is the
+      measured busy share less the part the per-batch work explains; when the other work
+      alone is past the target, λ·h/n ≤ :data:`HOST_MIN_HEADROOM`.
+
+    The host's target is waited for (its cost is host time that reading requests needs; a
+    wait costs it nothing). The engine's alone is waited for only when no size up to the cap
+    keeps up (overload: a full batch is the most the slot can do), or when the wait delays no
+    queued row: (n − rows)/λ + p(n) ≤ p(rows), as where p dips; otherwise running now is at
+    least as good, since the rows arriving meanwhile form the next, larger batch.
+
+    With no arrivals, or both holding at ``rows``, it returns ``rows`` (DESIGN principle 2:
+    a lone request on an idle server runs at once).
     """
     cap = inputs.cap
     if not policy.adaptive:
@@ -191,19 +276,109 @@ def _target_rows(rows: int, length: int, inputs: Inputs, policy: BatchingPolicy,
         if policy.preferred_batch_sizes and rows >= policy.preferred_batch_sizes[-1]:
             return rows
         return cap
-    rate = inputs.arrival_rate / max(inputs.slots, 1)
-    best_n, best_cost = rows, latency.predict(rows, length) / rows
-    if rate * best_cost <= 1:
-        # Arrivals no faster than this batch runs: since p(n) >= p(rows), the cost of n rows
-        # is at least ((n - rows)/rate + p(rows))/n >= p(rows)/rows, so no wait can pay.
+    rate = inputs.arrival_rate
+    if rate <= 0:
         return rows
-    for n in range(rows + 1, cap + 1):
-        busy = (n - rows) / rate + latency.predict(n, length)
-        if n < rate * busy:
-            break  # larger n only idles the slot longer
-        if busy / n < best_cost:
-            best_n, best_cost = n, busy / n
-    return best_n
+    host_rows = 1
+    if inputs.host_per_batch > 0:
+        other = max(inputs.host_share - inputs.host_batch_share, 0.0)
+        headroom = max(HOST_TARGET - other, HOST_MIN_HEADROOM)
+        host_rows = math.ceil(rate * inputs.host_per_batch / headroom)
+    if host_rows > rows:
+        return _engine_rows(host_rows, length, inputs, latency)
+    n = _engine_rows(rows, length, inputs, latency)
+    if n <= rows:
+        return rows
+    if n == cap and _per_slot_overloaded(cap, length, inputs, latency):
+        return cap
+    # The engine alone: wait only if the queued rows' answers come no later for it.
+    return n if (n - rows) / rate + latency.predict(n, length) <= latency.predict(rows, length) else rows
+
+
+def _per_slot_overloaded(n: int, length: int, inputs: Inputs, latency: LatencyModel) -> bool:
+    """Whether a slot running batches of ``n`` rows falls behind its share of the arrivals."""
+    return inputs.arrival_rate / max(inputs.slots, 1) * latency.predict(n, length) > n
+
+
+def _engine_rows(least: int, length: int, inputs: Inputs, latency: LatencyModel) -> int:
+    """The smallest n ≥ ``least`` at which a slot keeps up with its share of the arrivals,
+    λ·p(n) ≤ n per slot. Only sizes up to the largest measured row bucket count (beyond it
+    the prediction is a guess, proportional to rows after a single measurement); where none of
+    them keeps up, the cap if the curve is measured up to it, else ``least`` (no wait on a
+    guess)."""
+    per_slot = inputs.arrival_rate / max(inputs.slots, 1)
+    top = max(latency.curve(length), default=0)
+    for n in range(least, min(inputs.cap, top) + 1):
+        if per_slot * latency.predict(n, length) <= n:
+            return n
+    return inputs.cap if top >= inputs.cap else least
+
+
+def _deadline_cap(
+    batch: tuple[tuple[QueueEntry, int], ...], live: Sequence[QueueEntry], inputs: Inputs,
+    policy: BatchingPolicy, latency: LatencyModel, one: _OneRow, floor: int,
+) -> tuple[int, tuple[tuple[QueueEntry, int], ...]]:
+    """The batch cap that deadlines allow when this batch takes the last free slot, and the
+    batch within it.
+
+    Whatever is not in the batch waits for it and then needs at least a batch of one, so the
+    batch's predicted run time p(n) may use at most: for each queued entry left out (of the
+    head's priority level or a more urgent one: priorities stay as documented), its slack
+    (deadline − now − p(1)) — counted only where that slack covers a batch of one, since an
+    entry with less cannot wait for any batch; and for a tight request arriving now, its budget
+    (``inputs.tight_budget``) less its :func:`margin` and p(1), again only where that covers a
+    batch of one (a model whose batch of one outlasts the tight budgets cannot protect them,
+    and batches of one would only lower its throughput). The cap is the largest n whose
+    p(n) fits (at least 1), and the batch is selected again under it until nothing more left
+    out lowers it (each pass only lowers the cap).
+
+    The cap never goes below ``floor``, the size at which the engine keeps up with the
+    measured arrivals (:func:`_engine_rows`): below it the queue grows without bound and every
+    deadline suffers (under overload, capping to save one row would run batches of one for
+    good and serve fewer rows in time).
+    """
+    now = inputs.now
+    cap = inputs.cap
+    length = max(e.length for e, _ in batch)
+    base = math.inf
+    tight = inputs.tight_budget
+    if tight < math.inf:
+        base = tight - min(DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE * tight) - latency.lower_bound(1, length)
+        if base < latency.lower_bound(1, length):
+            base = math.inf  # not even a batch of one ahead leaves it time: no cap can help it
+    head = batch[0][0].priority
+    for _ in range(4):
+        taken = {id(e): n for e, n in batch}
+        limit = base
+        for e in live:
+            # Only rows as urgent as the batch's head: a lower priority never shrinks it.
+            if e.deadline < math.inf and e.priority <= head and e.rows > taken.get(id(e), 0):
+                slack = e.deadline - now - one(e)
+                if slack >= latency.lower_bound(1, length):
+                    limit = min(limit, slack)
+        rows = sum(n for _, n in batch)
+        fits = max(_rows_within(limit, length, latency, rows), floor)
+        if fits >= rows:
+            return cap, batch
+        cap = fits
+        batch = _on_time(_select(live, now, cap, policy, latency), now, latency)
+    return cap, batch
+
+
+def _rows_within(limit: float, length: int, latency: LatencyModel, most: int) -> int:
+    """The largest n in 1..``most`` whose least run time (:meth:`LatencyModel.lower_bound`,
+    as :func:`_on_time` judges a batch: a length never measured is not scaled up, else one
+    long row would cap every batch it joins at one row) is within ``limit`` seconds (1 if none)."""
+    if latency.lower_bound(most, length) <= limit:
+        return most
+    lo, hi = 1, most  # p(lo) may not fit (then 1); p(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if latency.lower_bound(mid, length) <= limit:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _select(live: Sequence[QueueEntry], now: float, cap: int, policy: BatchingPolicy, latency: LatencyModel) -> tuple[tuple[QueueEntry, int], ...]:

@@ -67,6 +67,8 @@ class DispatchStats:
         padded_elements: input elements the engine ran, padding included (``rows`` times the
             longest row's elements, per batch).
         real_elements: of those, the elements the requests carried (the rest was padding).
+        host_seconds: host CPU (the event-loop thread) spent on per-batch work beside the
+            engine runs, over all batches (seconds; see :mod:`trtserve.batching.host`).
     """
 
     batches: int = 0
@@ -82,6 +84,7 @@ class DispatchStats:
     request_compute_seconds: float = 0.0
     padded_elements: int = 0
     real_elements: int = 0
+    host_seconds: float = 0.0
 
     def record_batch(self, rows: int, seconds: float, *, padded: int = 0, real: int = 0, requests: int = 0) -> None:
         """Count one engine run of ``rows`` rows that took ``seconds``.
@@ -115,6 +118,11 @@ class DispatchStats:
     def mean_batch_size(self) -> float:
         """Mean rows per engine run (0 before the first)."""
         return self.rows / self.batches if self.batches else 0.0
+
+    @property
+    def mean_host_seconds(self) -> float:
+        """Mean host CPU seconds per batch beside the engine run (0 before the first)."""
+        return self.host_seconds / self.batches if self.batches else 0.0
 
     @property
     def padding_ratio(self) -> float:

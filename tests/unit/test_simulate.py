@@ -1,0 +1,76 @@
+"""The issue's three dispatch properties on the simulator (fake clock, scripted engine and
+host), for a tiny-like model (a 20 µs engine whose per-batch host cost, 150 µs, dominates) and a
+minilm-like one (an 8.5 ms engine that gains little from batching):
+
+* overload: goodput at 2× and 3× capacity ≥ 0.8 × the peak goodput up to that load;
+* mixed deadlines: tight misses ≤ 5 %, loose ≤ 1 %;
+* the adaptive policy's goodput ≥ the best fixed timer's on every row.
+
+Durations are short (the tiny-like engine serves ~19k requests per simulated second and every
+one runs through the real dispatcher); the simulator is deterministic, so no row is noisy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from trtserve.batching.simulate import HostCost, affine, poisson_trace, simulate
+from trtserve.config import BatchingPolicy
+from trtserve.tools.simulate import (
+    LOOSE_MISS, OVERLOAD_GOODPUT_SHARE, TIE, TIGHT_MISS, capacity, mixed, overload, overload_peak, tight_deadline,
+)
+
+TINY = dict(latency=affine(20e-6, 0.5e-6), host=HostCost(per_request=10e-6, per_batch=150e-6), max_batch_size=64)
+MINILM = dict(latency=affine(3e-3, 5.5e-3), host=HostCost(per_request=100e-6, per_batch=300e-6), max_batch_size=16)
+MODELS = [pytest.param(TINY, 0.25, id="tiny-like"), pytest.param(MINILM, 3.0, id="minilm-like")]
+TIMERS = (0.0005, 0.002)
+
+
+def assert_adaptive_at_least_the_best_timer(by_policy) -> None:
+    adaptive = by_policy.pop("adaptive")
+    assert adaptive.goodput >= (1 - TIE) * max(r.goodput for r in by_policy.values())
+    assert adaptive.ran_after_deadline == 0
+
+
+@pytest.mark.parametrize(("model", "duration"), MODELS)
+def test_overload_goodput_holds_at_2x_and_3x_and_adaptive_matches_the_best_timer(model, duration):
+    results = overload(**model, timers=TIMERS, duration=duration)
+    for load in (2.0, 3.0):
+        assert results[load]["adaptive"].goodput >= OVERLOAD_GOODPUT_SHARE * overload_peak(results, "adaptive", load)
+    assert results[3.0]["adaptive"].goodput > 1.2 * results[1.0]["adaptive"].goodput  # batching did raise it
+    for by_policy in results.values():
+        assert_adaptive_at_least_the_best_timer(dict(by_policy))
+
+
+@pytest.mark.parametrize(("model", "duration"), MODELS)
+def test_mixed_deadlines_keep_tight_and_loose_misses_under_their_targets(model, duration):
+    by_policy = mixed(**model, timers=TIMERS, duration=2 * duration)
+    tight = tight_deadline(model["latency"])
+    misses = by_policy["adaptive"].miss_by_budget
+    assert misses[round(tight * 1e3, 6)] <= TIGHT_MISS
+    assert misses[round(10 * tight * 1e3, 6)] <= LOOSE_MISS
+    assert_adaptive_at_least_the_best_timer(by_policy)
+
+
+def test_the_host_cost_is_learned_and_a_busy_host_makes_adaptive_wait_for_rows():
+    """At 2× the batch-of-one capacity, batches of one would need twice the host: adaptive
+    learns the 150 µs per batch and waits for about three rows (not the timers' 8 to 27), and
+    its answers come sooner than the shortest timer's."""
+    results = overload(**TINY, timers=(0.0005,), duration=0.25, loads=(2.0,))[2.0]
+    adaptive, timer = results["adaptive"], results["fixed 0.5 ms"]
+    assert adaptive.host_per_batch_ms == pytest.approx(0.150)
+    assert 2.0 < adaptive.mean_batch < timer.mean_batch
+    assert adaptive.miss_rate == 0 and adaptive.p50_ms < timer.p50_ms
+
+
+def test_at_low_load_a_lone_request_runs_at_once_despite_the_host_cost():
+    """DESIGN principle 2: at 10 % of capacity the host has room, so nothing waits: each
+    request's latency is its read, the batch's host work and the engine run."""
+    rate = 0.1 * capacity(TINY["latency"], TINY["host"])
+    trace = poisson_trace(rate, 0.5, seed=4)
+    result = asyncio.run(simulate(BatchingPolicy(max_batch_size=64), trace, deadline=0.005,
+                                  latency=TINY["latency"], host=TINY["host"]))
+    assert result.mean_batch < 1.1
+    assert result.p50_ms == pytest.approx((10e-6 + 150e-6 + TINY["latency"](1)) * 1e3)
