@@ -31,6 +31,9 @@ trtserve_rejected_total                     counter    model, reason = queue_ful
                                                        deadline_unmeetable
 trtserve_goodput_requests_total             counter    model (answered OK within the deadline)
 trtserve_queue_drain_seconds                gauge      model (predicted, of everything queued)
+trtserve_batch_host_seconds                 gauge      model (host CPU per batch beside the engine run)
+trtserve_host_busy_ratio                    gauge      model (the engine core loop's busy share)
+trtserve_deadline_budget_tight_seconds      gauge      model (10th percentile of recent deadline budgets)
 trtserve_padding_ratio                      gauge      model
 trtserve_padding_elements_total             counter    model
 trtserve_batch_elements_total               counter    model
@@ -271,6 +274,19 @@ class TrtServeCollector:
             "(what admission compares with deadlines).",
             labels=["model"],
         )
+        host = GaugeMetricFamily(
+            "trtserve_batch_host_seconds",
+            "Measured host CPU one batch costs beside its engine run (decide, launch, hand-off, deliver): "
+            "the per-batch cost the adaptive policy weighs against waiting.",
+            labels=["model"],
+        )
+        host_busy = GaugeMetricFamily("trtserve_host_busy_ratio", "Busy share (CPU / wall) of the engine core's event-loop thread, recent windows.", labels=["model"])
+        tight = GaugeMetricFamily(
+            "trtserve_deadline_budget_tight_seconds",
+            "The tight end (10th percentile) of recent requests' deadline budgets (deadline - arrival); batches are "
+            "capped so that such a request arriving during one is still answered in time. Absent while most carry none.",
+            labels=["model"],
+        )
         now = self.clock.now()
         for name, entry in sorted(list(self.repository.models.items())):
             healthy = entry.served is None or entry.served.dispatcher.healthy
@@ -298,6 +314,10 @@ class TrtServeCollector:
             cap.add_metric(labels, dispatcher.cap)
             wait = dispatcher.predict_wait(math.inf, math.inf, 0)
             drain.add_metric(labels, wait.start - wait.now)
+            host.add_metric(labels, dispatcher.host_overhead_s)
+            host_busy.add_metric(labels, dispatcher.host_busy_share)
+            if math.isfinite(dispatcher.tight_budget_s):
+                tight.add_metric(labels, dispatcher.tight_budget_s)
             for length in dispatcher.latency.lengths:
                 for rows, seconds in dispatcher.latency.curve(length).items():
                     predicted.add_metric([name, str(rows), str(length)], seconds)
@@ -311,7 +331,7 @@ class TrtServeCollector:
             pad_elems.add_metric(labels, stats.padded_elements - stats.real_elements)
             all_elems.add_metric(labels, stats.padded_elements)
         yield from (queue_time, compute, batch, depth, queued_rows, slots, busy_now, busy_total, busy_ratio, padding, pad_elems, all_elems,
-                    ready, unhealthy, predicted, arrival, cap, drain)
+                    ready, unhealthy, predicted, arrival, cap, drain, host, host_busy, tight)
 
 
 class MetricsServer:

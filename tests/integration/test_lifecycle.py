@@ -153,8 +153,10 @@ def test_explicit_mode_loads_only_what_is_asked_then_load_and_unload(tmp_path, e
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
         load(c, "identity_fp32")
         x = np.arange(4, dtype=np.float32).reshape(1, 4)
-        for s in srv.services:  # every front end serves it once the load is answered
-            assert s.table.ready("identity_fp32", "")
+        # The core answers once it serves the model and has sent every front end the new table;
+        # each builds its part as the table arrives (or on its first request for it).
+        for s in srv.services:
+            wait_for(lambda: s.table.ready("identity_fp32", ""), "every front end serves the loaded model")
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"], x)
         unload(c, "tiny")
         assert index(c)[("tiny", "")] == ("UNAVAILABLE", "unloaded")

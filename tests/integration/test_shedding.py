@@ -105,6 +105,9 @@ def test_behind_a_loaded_queue_a_short_deadline_is_refused_and_nothing_queued_is
     # The queue's predicted drain time was at least its rows' share of full batches.
     assert sample(drain, "trtserve_queue_drain_seconds", model="slow") >= 30 * 0.1 / 4 * 0.9
     assert sample(m, "trtserve_queue_drain_seconds", model="slow") == 0
+    # What the adaptive policy learned is shown beside it: host CPU per batch, deadline budgets.
+    assert sample(m, "trtserve_batch_host_seconds", model="slow") > 0
+    assert 0 < sample(m, "trtserve_deadline_budget_tight_seconds", model="slow") <= 60
     assert sample(m, "trtserve_rejected_total", model="slow", reason="queue_wait") == 1
     assert sample(m, "trtserve_goodput_requests_total", model="slow") == 41
     assert sample(m, "trtserve_requests_total", model="slow", code="RESOURCE_EXHAUSTED") == 1
