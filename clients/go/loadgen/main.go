@@ -177,20 +177,23 @@ func dial(addr string, count int) ([]*grpc.ClientConn, error) {
 	return conns, nil
 }
 
-// watchStop reads "stop T" from stdin and stores T (seconds from the start) in stopAt.
-func watchStop(stopAt *uint64) {
+// watchStop reads one line "stop T" from stdin, stores T (seconds from the start) in stopAt
+// and then closes stopped. End of input without it: no stop.
+func watchStop(stopAt *uint64, stopped chan<- struct{}) {
 	scanner := bufio.NewScanner(os.Stdin)
-	for scanner.Scan() {
-		fields := strings.Fields(scanner.Text())
-		if len(fields) != 2 || fields[0] != "stop" {
-			fail(2, "stdin: expected 'stop SECONDS', got %q", scanner.Text())
-		}
-		t, err := strconv.ParseFloat(fields[1], 64)
-		if err != nil {
-			fail(2, "stdin: %v", err)
-		}
-		atomic.StoreUint64(stopAt, math.Float64bits(t))
+	if !scanner.Scan() {
+		return
 	}
+	fields := strings.Fields(scanner.Text())
+	if len(fields) != 2 || fields[0] != "stop" {
+		fail(2, "stdin: expected 'stop SECONDS', got %q", scanner.Text())
+	}
+	t, err := strconv.ParseFloat(fields[1], 64)
+	if err != nil {
+		fail(2, "stdin: %v", err)
+	}
+	atomic.StoreUint64(stopAt, math.Float64bits(t))
+	close(stopped)
 }
 
 func main() {
@@ -224,7 +227,9 @@ func main() {
 	}
 
 	stopAt := math.Float64bits(math.Inf(1))
-	go watchStop(&stopAt)
+	stopped := make(chan struct{})
+	go watchStop(&stopAt, stopped)
+	stopTime := func() float64 { return math.Float64frombits(atomic.LoadUint64(&stopAt)) }
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		fail(1, "clock_gettime: %v", err)
@@ -238,9 +243,17 @@ func main() {
 	sent := 0
 	for k, c := range calls {
 		if wait := time.Until(start.Add(time.Duration(c.at * float64(time.Second)))); wait > 0 {
-			time.Sleep(wait)
+			timer := time.NewTimer(wait)
+			select {
+			case <-timer.C:
+			case <-stopped: // a stop wakes the sender: the calls at or after it are never sent
+				if c.at < stopTime() {
+					<-timer.C
+				}
+			}
+			timer.Stop()
 		}
-		if c.at >= math.Float64frombits(atomic.LoadUint64(&stopAt)) {
+		if c.at >= stopTime() {
 			break
 		}
 		sent++
