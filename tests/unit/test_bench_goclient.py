@@ -46,3 +46,20 @@ def test_a_truncated_records_file_is_refused(tmp_path):
     (tmp_path / "r.bin").write_bytes(struct.pack("<qdddq", 0, 0.0, 0.0, 0.0, 0)[:-1])
     with pytest.raises(ValueError, match="not a whole number of 40-byte records"):
         read_records(tmp_path / "r.bin")
+
+
+def test_the_client_flag_picks_go_only_when_built_and_says_so_when_it_falls_back(monkeypatch, tmp_path, capsys):
+    from trtserve.tools import bench
+
+    monkeypatch.setattr(bench, "LOADGEN", tmp_path / "loadgen")
+    assert bench._open_loop_client("auto") is False
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "Python client" in out and "is not built" in out
+    with pytest.raises(SystemExit, match="--client go: .*loadgen is not built"):
+        bench._open_loop_client("go")
+
+    (tmp_path / "loadgen").write_text("#!/bin/sh\n")
+    (tmp_path / "loadgen").chmod(0o755)
+    assert bench._open_loop_client("auto") is True and bench._open_loop_client("go") is True
+    assert bench._open_loop_client("python") is False
+    assert capsys.readouterr().out == ""

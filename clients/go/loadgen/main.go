@@ -20,8 +20,9 @@
 // that falls behind its schedule sends at once and its lag shows as sent - scheduled. A line
 // "stop T" on stdin (T in seconds from the start) stops it sending the arrivals scheduled at
 // or after T; it still waits for every call it sent. Call k uses connection k mod K, each
-// its own TCP connection. It talks to a loopback address only; exit status 2 for bad
-// arguments or files, 1 when the server cannot be reached.
+// its own TCP connection. The goroutines run on one thread unless GOMAXPROCS is set. It
+// talks to a loopback address only. Exit status: 0 done, records written; 2 bad arguments or
+// files; 1 the server cannot be reached.
 package main
 
 import (
@@ -33,6 +34,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -203,6 +205,12 @@ func main() {
 	schedulePath := flag.String("schedule", "", "file of calls: arrival s, message index, deadline µs")
 	outPath := flag.String("out", "", "file the records are written to at the end")
 	flag.Parse()
+	if os.Getenv("GOMAXPROCS") == "" {
+		// One thread runs the goroutines: the generator shares a small machine with the server,
+		// and a second one only adds hand-offs between threads (measured on 2 cores: 15-25 %
+		// more CPU per call at 1.5k-4.5k calls/s). GOMAXPROCS in the environment overrides it.
+		runtime.GOMAXPROCS(1)
+	}
 	if *addr == "" || *messagesPath == "" || *schedulePath == "" || *outPath == "" || flag.NArg() > 0 {
 		flag.Usage()
 		os.Exit(2)
