@@ -8,7 +8,7 @@ GEN := service/trtserve/_proto
 PROTOS := $(wildcard protos/inference/*.proto protos/trtserve/v1/*.proto)
 DATA ?= ../shared/data
 
-.PHONY: setup protos engine serve demo test reliability bench clients clean fuzz soak
+.PHONY: setup protos engine serve demo test reliability bench loadgen clients clean fuzz soak
 
 ## setup: create .venv with the server, export and dev extras (CPU builds; no GPU needed)
 setup: $(VENV)/.installed
@@ -69,10 +69,18 @@ reliability: engine
 	$(PY) -m pytest -q tests/reliability -m timing
 
 ## bench: served throughput and latency against the raw engine, in one run; more flags in
-## BENCH_ARGS, e.g. `make bench BENCH_ARGS="--peer triton"` (Triton beside trtserve)
+## BENCH_ARGS, e.g. `make bench BENCH_ARGS="--peer triton"` (Triton beside trtserve). Builds the
+## Go load generator first where Go is installed; without it the open loop uses the Python client.
 BENCH_ARGS ?=
 bench: engine
+	@if command -v go >/dev/null; then $(MAKE) --no-print-directory loadgen \
+	  || echo "bench: the Go load generator did not build; the open loop uses the Python client"; fi
 	$(PY) -m trtserve bench --model-repository engines --out bench-results $(BENCH_ARGS)
+
+## loadgen: the bench's Go open-loop load generator, clients/go/build/loadgen (Debian's grpc-go,
+## offline: clients/install_deps.sh go)
+loadgen:
+	clients/go/build.sh loadgen
 
 ## clients: generate and build every client from protos/ (Python: `protos`; Node.js: npm ci, protos
 ## loaded at run time; C++: protoc + grpc_cpp_plugin in the CMake build; Go: clients/go/build.sh).
@@ -89,7 +97,8 @@ clients-cpp:
 clients-go:
 	clients/go/build.sh
 
-## clients-test: the Node.js test, the C++ and the Go example against one live server (CI runs it after `make test`)
+## clients-test: the Node.js test, the C++ and the Go example against one live server, and the Go
+## load generator's tests (CI runs it after `make test`)
 clients-test: clients engine
 	clients/run_all.sh $(CLIENTS)
 

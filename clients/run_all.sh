@@ -6,7 +6,8 @@
 # Starts `trtserve serve --port 0` on 127.0.0.1 over engines/ (PYTHON picks the interpreter,
 # default .venv/bin/python), waits for its "listening on" line, runs the Node.js test
 # (node --test), the C++ example and the Go example with the server's address, then stops the
-# server with SIGTERM. The clients must be built first (`make clients`).
+# server with SIGTERM. With go it also runs the bench load generator's tests (pytest, servers
+# of their own; not skipped here). The clients must be built first (`make clients`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -58,7 +59,9 @@ for client in "${CLIENTS[@]}"; do
   case $client in
     node) run node env TRTSERVE_URL="$URL" node --test --test-reporter=spec clients/node/test/ ;;
     cpp) run cpp clients/cpp/build/trtserve_example "$URL" ;;
-    go) run go clients/go/build/go_example "$URL" ;;
+    go) run go clients/go/build/go_example "$URL"
+        run loadgen env TRTSERVE_REQUIRE_LOADGEN=1 PYTHONPATH="$ROOT/service" "$PYTHON" -m pytest -q \
+          tests/integration/test_loadgen_binary.py tests/integration/test_bench_load.py ;;
     *) echo "unknown client '$client' (node, cpp, go)" >&2; FAILED+=("$client") ;;
   esac
 done

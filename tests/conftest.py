@@ -6,6 +6,7 @@ whose generated protobuf modules register the same ``inference.*`` symbols as tr
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,21 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 ENGINES = Path(__file__).resolve().parent.parent / "engines"
+
+
+@pytest.fixture(scope="session")
+def loadgen_binary() -> Path:
+    """The Go open-loop load generator, built by `make loadgen`. Skipped while it is not built
+    (`make test` runs before CI installs Go); `clients/run_all.sh go` sets
+    TRTSERVE_REQUIRE_LOADGEN=1, which turns that skip into a failure."""
+    from trtserve.tools.benchlib.goclient import LOADGEN, unavailable_reason
+
+    reason = unavailable_reason(LOADGEN)
+    if reason is not None:
+        if os.environ.get("TRTSERVE_REQUIRE_LOADGEN") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return LOADGEN
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
-"""The bench's open-loop load generator against a real server: each request's own deadline
-travels as its gRPC deadline when asked, and each answer is traced back to its message.
+"""The bench's open-loop load generator against a real server, with either client (the
+``grpc.aio`` one in the bench process and the Go binary, skipped while it is not built): each
+request's own deadline travels as its gRPC deadline when asked, and each answer is traced
+back to its message.
 
 The ``slow`` model sleeps 20 ms + 1 ms per row, so an answer within 2 ms is impossible on any
 machine and one within 30 s is certain on a healthy one: nothing here depends on speed."""
@@ -9,8 +11,10 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from trtserve.client import CHANNEL_OPTIONS, build_request
+from trtserve.tools.benchlib.goclient import GoLoadgen
 from trtserve.tools.benchlib.load import LoadGenerator, open_channels
 
 TIGHT_S, LOOSE_S = 0.002, 30.0
@@ -19,7 +23,13 @@ ARRIVALS = np.linspace(0.5, 0.8, 8)
 one ModelStatistics call, and lasts 1 s)."""
 
 
-def run_open_loop(url: str, grpc_deadline: bool):
+@pytest.fixture(params=["python", "go"])
+def client(request):
+    """The open loop's client: None for grpc.aio, else the Go binary (see ``loadgen_binary``)."""
+    return request.getfixturevalue("loadgen_binary") if request.param == "go" else None
+
+
+def run_open_loop(url: str, grpc_deadline: bool, client=None):
     # No timeout parameter: only the gRPC deadline (when given) can end a tight call early.
     messages = [build_request("slow", {"INPUT0": np.full((1, 4), k, np.float32)}).SerializeToString() for k in range(len(ARRIVALS))]
     deadlines = [TIGHT_S if k % 2 == 0 else LOOSE_S for k in range(len(ARRIVALS))]
@@ -27,7 +37,8 @@ def run_open_loop(url: str, grpc_deadline: bool):
     async def go():
         channels = open_channels(url, 2, CHANNEL_OPTIONS)
         try:
-            gen = LoadGenerator(channels, lambda: 0.0, warmup_s=0.2, duration_s=1.0, server_rss_mib=lambda: 123.0)
+            gen = LoadGenerator(channels, lambda: 0.0, warmup_s=0.2, duration_s=1.0, server_rss_mib=lambda: 123.0,
+                                go=GoLoadgen(url, client) if client else None)
             return await gen.open_unary("slow", messages, ARRIVALS, deadlines, grpc_deadline=grpc_deadline)
         finally:
             for c in channels:
@@ -36,8 +47,8 @@ def run_open_loop(url: str, grpc_deadline: bool):
     return asyncio.run(go())
 
 
-def test_open_loop_calls_carry_their_own_deadline_as_the_grpc_deadline(server):
-    window = run_open_loop(server.url, grpc_deadline=True)
+def test_open_loop_calls_carry_their_own_deadline_as_the_grpc_deadline(server, client):
+    window = run_open_loop(server.url, grpc_deadline=True, client=client)
     assert sorted(window.keys.tolist()) == list(range(len(ARRIVALS)))  # every arrival answered once
     codes = dict(zip(window.keys.tolist(), window.codes))
     assert {codes[k] for k in range(0, len(ARRIVALS), 2)} == {"DEADLINE_EXCEEDED"}
@@ -46,8 +57,8 @@ def test_open_loop_calls_carry_their_own_deadline_as_the_grpc_deadline(server):
     assert window.before.server_rss_mib == 123.0 and window.after.server_rss_mib == 123.0
 
 
-def test_without_grpc_deadlines_a_tight_request_is_answered_late(server):
-    window = run_open_loop(server.url, grpc_deadline=False)
+def test_without_grpc_deadlines_a_tight_request_is_answered_late(server, client):
+    window = run_open_loop(server.url, grpc_deadline=False, client=client)
     late = dict(zip(window.keys.tolist(), window.late_mask.tolist()))
     assert set(window.codes) == {"OK"}
     assert [late[k] for k in range(len(ARRIVALS))] == [k % 2 == 0 for k in range(len(ARRIVALS))]

@@ -26,6 +26,12 @@ for each model:
    deadline (10× batch of one, at least 5 ms) and half with a loose one (10× the tight), under
    each policy of ``--policies``.
 
+The open-loop unary calls (open sweep, overload, mixed) come from the Go load generator
+(``clients/go/loadgen``, ``make loadgen``; ``benchlib.goclient``) when it is built, else, with
+one printed line saying so, from the bench's ``grpc.aio`` client (``--client``): a Python call
+costs the bench about 200 µs of CPU on the server's cores, so above about 1× a fast model's
+capacity the Python client's own send lag, not the server, sets the figures.
+
 Unary calls are spread over ``--connections`` client connections (gRPC channels, default 8):
 the server's front-end processes share its port, and the kernel spreads connections, not
 requests. With ``--peer triton``, trtserve is then stopped and NVIDIA PyTriton
@@ -65,6 +71,7 @@ import onnxruntime
 from ..client import CHANNEL_OPTIONS
 from .benchlib.compare import ONE_CONNECTION_MODE, SWEEP_MODE, anchor_targets, format_comparison
 from .benchlib.deadlines import DeadlineClass, deadline_class, deadline_us
+from .benchlib.goclient import LOADGEN, GoLoadgen, unavailable_reason
 from .benchlib.load import LoadGenerator, Window, open_channels
 from .benchlib.overload import (
     LOOSE, MIXED_FACTORS, MIXED_FRACTION, MIXED_MODE, OVERLOAD_DEADLINE_FACTOR, OVERLOAD_MODE, OVERLOAD_MULTIPLES, TIGHT,
@@ -93,6 +100,8 @@ measured clock, so the schedule must outlast it)."""
 OVERLOAD_SETTLE_S = 1.0
 """Pause after an overload or mixed point (seconds): an overloaded server may still be
 refusing the last arrivals' backlog."""
+CLIENTS = ("auto", "go", "python")
+"""``--client``: the open loop's unary client; ``auto`` is the Go binary when it is built."""
 CAPACITY_S = 2.0
 """Seconds measured by the quick closed loop that finds a capacity when its sweep did not run."""
 
@@ -155,6 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connections", type=_positive_int, default=8, help="client connections (gRPC channels) the unary callers are spread over, for every server; above 1 the closed-loop unary sweep also runs over one (default: 8)")
     parser.add_argument("--peer", choices=PEERS, help="also drive this server on the same model files, closed-loop unary sweep, same run: 'triton' (NVIDIA PyTriton from PyPI, installed once into OUT/triton/venv)")
     parser.add_argument("--frontends", help="passed to 'trtserve serve --frontends' (default: the server's own default)")
+    parser.add_argument("--client", choices=CLIENTS, default="auto", help="open-loop unary client (open sweep, overload, mixed): 'go' (clients/go/build/loadgen, built by 'make loadgen'), 'python' (grpc.aio in the bench process, ~200 us of CPU per call), 'auto' (go when built; default)")
     parser.add_argument("--serve-args", default="", help="more 'trtserve serve' flags for the server under test, one string (e.g. '--max-inflight-rpcs 8')")
 
 
@@ -170,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     if args.modes == [POLICY_MODE] and not set(args.models) & set(args.policy_models):
         raise SystemExit(f"mode 'policy' runs only for --policy-models ({','.join(args.policy_models)}), "
                          f"none of which is in --models ({','.join(args.models)})")
+    use_go = _open_loop_client(args.client)
     rng = np.random.default_rng(args.seed)
     texts = load_texts(args.data, args.requests, rng) if (args.data / CORPUS).is_file() else []
     workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng) for m in args.models}
@@ -177,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     serve_args = (*(("--frontends", args.frontends) if args.frontends else ()), *shlex.split(args.serve_args))
     with ServerProcess(args.model_repository, *serve_args) as server:
         print(f"server under test: pid {server.pid} at {server.url}", flush=True)
-        raws, points = asyncio.run(_bench(args, workloads, server, rng))
+        raws, points = asyncio.run(_bench(args, workloads, server, rng, use_go))
     if args.peer:
         try:
             peer = triton_peer(args.out / "triton", [w.spec for w in workloads.values()])
@@ -215,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": {**_machine(), "loadavg_1min_before": load_before[0], "loadavg_1min_after": load_after[0]},
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "command"},
+        "open_loop_client": "go" if use_go else "python",
         "raw": {m: r.summary() for m, r in raws.items()},
         "points": [dataclasses.asdict(p) for p in points],
         "targets": [dataclasses.asdict(t) for t in targets],
@@ -227,8 +239,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_loop_client(choice: str) -> bool:
+    """Whether the open loop's unary calls come from the Go binary: ``go`` insists (SystemExit
+    naming what is missing), ``auto`` falls back to Python with one printed line saying why."""
+    reason = None if choice == "python" else unavailable_reason(LOADGEN)
+    if choice == "go" and reason is not None:
+        raise SystemExit(f"--client go: {reason}")
+    if choice == "auto" and reason is not None:
+        print(f"open loop: the Python client, since {reason}; it costs the bench ~200 us of CPU per call on the "
+              "server's cores, so above ~1x capacity its send lag, not the server, sets the overload and mixed figures", flush=True)
+    return choice != "python" and reason is None
+
+
 async def _bench(
-    args: argparse.Namespace, workloads: dict[str, Workload], server: ServerProcess, rng: np.random.Generator
+    args: argparse.Namespace, workloads: dict[str, Workload], server: ServerProcess, rng: np.random.Generator, use_go: bool,
 ) -> tuple[dict[str, RawReference], list[Point]]:
     raws: dict[str, RawReference] = {}
     points: list[Point] = []
@@ -236,7 +260,8 @@ async def _bench(
     channel = channels[0]
     try:
         gen = LoadGenerator(channels, lambda: tree_cpu_seconds(server.pid), args.warmup, args.duration,
-                            server_rss_mib=lambda: tree_rss_mib(server.pid))
+                            server_rss_mib=lambda: tree_rss_mib(server.pid), go=GoLoadgen(server.url) if use_go else None)
+        print(f"open-loop unary client: {gen.open_loop_client}", flush=True)
         print(f"{'model':8} {'mode':13} {format_header()}", flush=True)
         for model, workload in workloads.items():
             if not await gen.model_ready(model):

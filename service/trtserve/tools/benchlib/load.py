@@ -25,12 +25,16 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
 
 from ..._proto.inference import grpc_service_pb2 as pb
 from .report import Snapshot
+
+if TYPE_CHECKING:
+    from .goclient import GoLoadgen
 
 METHOD = "/inference.GRPCInferenceService/"
 CALL_TIMEOUT_S = 300.0
@@ -145,10 +149,13 @@ class LoadGenerator:
             None: not read (snapshots carry None).
         warmup_s: unmeasured seconds at the start of each point.
         duration_s: seconds of each point's measuring window.
+        go: when given, :meth:`open_unary` runs the Go binary (:mod:`.goclient`) over as many
+            connections of its own as this generator has channels, instead of ``grpc.aio``;
+            the client CPU of its points is then the bench process's plus the binary's.
     """
 
     def __init__(self, channels: Sequence[grpc.aio.Channel], server_cpu_s: Callable[[], float], warmup_s: float, duration_s: float,
-                 server_rss_mib: Callable[[], float] | None = None) -> None:
+                 server_rss_mib: Callable[[], float] | None = None, go: GoLoadgen | None = None) -> None:
         if not channels:
             raise ValueError("a load generator needs at least one channel")
         channel = channels[0]
@@ -168,6 +175,7 @@ class LoadGenerator:
         self._server_rss_mib = server_rss_mib
         self.warmup_s = warmup_s
         self.duration_s = duration_s
+        self._go = go
 
     @property
     def connections(self) -> int:
@@ -193,15 +201,21 @@ class LoadGenerator:
         response = await self._ready(pb.ModelReadyRequest(name=model))
         return response.ready
 
-    async def snapshot(self, model: str) -> Snapshot:
+    @property
+    def open_loop_client(self) -> str:
+        """The client of :meth:`open_unary`: ``go`` or ``python``."""
+        return "python" if self._go is None else "go"
+
+    async def snapshot(self, model: str, client_cpu_s: Callable[[], float] | None = None) -> Snapshot:
         """CPU seconds of both processes, the server's resident memory and the model's
-        ModelStatistics counters, now."""
+        ModelStatistics counters, now; ``client_cpu_s`` adds the CPU seconds of another client
+        process (the Go binary) to the bench's."""
         response = await self._statistics(pb.ModelStatisticsRequest(name=model))
         stats = response.model_stats[0]
         own = os.times()
         return Snapshot(
             server_cpu_s=self._server_cpu_s(),
-            client_cpu_s=own.user + own.system,
+            client_cpu_s=own.user + own.system + (client_cpu_s() if client_cpu_s is not None else 0.0),
             inference_count=stats.inference_count,
             execution_count=stats.execution_count,
             batches={b.batch_size: b.compute_infer.count for b in stats.batch_stats},
@@ -217,13 +231,13 @@ class LoadGenerator:
             return exc.code().name
         return "OK"
 
-    async def _measure(self, model: str, drive: Drive) -> Window:
+    async def _measure(self, model: str, drive: Drive, client_cpu_s: Callable[[], float] | None = None) -> Window:
         recorder = Recorder()
         stop = asyncio.Event()
         task = asyncio.ensure_future(drive(recorder, stop))
         try:
             await asyncio.sleep(self.warmup_s)
-            before = await self.snapshot(model)
+            before = await self.snapshot(model, client_cpu_s)
             start = time.perf_counter()
             await asyncio.sleep(self.duration_s)
             end = recorder.window_end = time.perf_counter()
@@ -231,7 +245,7 @@ class LoadGenerator:
             await task
         finally:
             task.cancel()
-        after = await self.snapshot(model)
+        after = await self.snapshot(model, client_cpu_s)
         scheduled = np.asarray(recorder.scheduled)
         keep = (scheduled >= start) & (scheduled < end)
         sent, done = np.asarray(recorder.sent)[keep], np.asarray(recorder.done)[keep]
@@ -305,10 +319,16 @@ class LoadGenerator:
         own call, whether or not earlier ones were answered. Arrival k sends message
         ``k mod len(messages)``, whose deadline is ``deadline_s`` (seconds; one for all, or one
         per message, in the order of ``messages``); with ``grpc_deadline`` the call's gRPC
-        deadline is that deadline too."""
+        deadline is that deadline too. With the Go client (``go``) the same schedule, window and
+        records, sent by the binary. Raises RuntimeError when the binary fails."""
         deadlines = [float(deadline_s)] * len(messages) if isinstance(deadline_s, (int, float)) else [float(d) for d in deadline_s]
         if len(deadlines) != len(messages):
             raise ValueError(f"{len(messages)} messages need as many deadlines, got {len(deadlines)}")
+        if self._go is not None:
+            keys = np.arange(len(arrivals)) % len(messages)
+            call_us = np.round(np.asarray(deadlines) * 1e6).astype(np.int64)[keys] if grpc_deadline else round(CALL_TIMEOUT_S * 1e6)
+            async with self._go.started(messages, schedule=(arrivals, keys, call_us), connections=len(self._infers)) as run:
+                return await self._measure(model, lambda recorder, stop: run.drive(recorder, stop, deadlines), run.cpu_s)
 
         async def one(k: int, scheduled: float, recorder: Recorder) -> None:
             key = k % len(messages)

@@ -41,7 +41,8 @@ class Snapshot:
 
     Attributes:
         server_cpu_s: user + system CPU seconds of the server process since it started.
-        client_cpu_s: user + system CPU seconds of the bench process since it started.
+        client_cpu_s: user + system CPU seconds of the bench process since it started, plus
+            those of the Go load generator when it drives the point.
         inference_count: rows the model has run (ModelStatistics ``inference_count``).
         execution_count: engine runs (ModelStatistics ``execution_count``).
         batches: batch size in rows → engine runs at that size (``batch_stats``).
