@@ -231,7 +231,11 @@ def test_trtserve_serve_hands_over_to_the_automatic_bound(tmp_path, frontends):
     metrics = free_port()
     with (ServerProcess(tmp_path, "--frontends", frontends, "--metrics-port", str(metrics)) as srv, Client(srv.url) as c,
           ThreadPoolExecutor(3) as pool):
-        held = [pool.submit(c.infer, "slow", row(1.0 + i), timeout=60) for i in range(3)]
+        # The first call runs before the others queue: three arriving together would find the
+        # queue (max_queue_size 2) full before the first had left it.
+        held = [pool.submit(c.infer, "slow", row(1.0), timeout=60)]
+        assert wait_for(lambda: sample(scrape(metrics), "trtserve_slots_busy", model="slow") == 1, 30)
+        held += [pool.submit(c.infer, "slow", row(2.0 + i), timeout=60) for i in range(2)]
         assert wait_for(lambda: sample(scrape(metrics), "trtserve_inflight_requests") == 3, 30)
         # One connection stays with one front end: a fourth call exceeds its bound.
         code, details = details_of(c.infer, "slow", row(9.0), timeout=60)
