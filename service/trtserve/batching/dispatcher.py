@@ -137,7 +137,8 @@ class Dispatcher:
         level = self.policy.level(priority)
         future: asyncio.Future[list[Segment]] = asyncio.get_running_loop().create_future()
         entry = QueueEntry(segments, level, level, deadline, now, future)
-        refusal = self.predict_wait(level, deadline, entry.rows, entry.length).refusal(deadline)
+        # Without a deadline nothing can be refused on time: skip the walk over the queue.
+        refusal = self.predict_wait(level, deadline, entry.rows, entry.length).refusal(deadline) if deadline < math.inf else None
         if refusal is not None:
             if isinstance(refusal, RequestTimeout):
                 self.stats.expired_before_run += 1
@@ -191,8 +192,9 @@ class Dispatcher:
     @property
     def host_busy_share(self) -> float:
         """The event-loop thread's busy share (CPU / wall) over the recent windows, 0..1 (a
-        simulated host with a backlog may exceed 1)."""
-        return self.host.share(self.clock.now())[0]
+        simulated host with a backlog may exceed 1), as of the loop's last decision: reading it
+        (metrics, from another thread) changes nothing."""
+        return self.host.busy
 
     @property
     def tight_budget_s(self) -> float:
@@ -293,10 +295,11 @@ class Dispatcher:
         when the decision to run it began (the decision counts as the batch's host cost)."""
         slot = self._idle.pop()
         rows = sum(p.rows for p in pieces)
-        predicted = self.latency.predict(rows, max(p.entry.length for p in pieces))
+        length = max(p.entry.length for p in pieces)
+        predicted = self.latency.predict(rows, length)
         now = self.clock.now()
         self._hang_at[slot] = (now, now + max(HANG_FACTOR * predicted, HANG_MIN_S))
-        self._ends.started(slot, now, self.latency.lower_bound(rows, max(p.entry.length for p in pieces)))
+        self._ends.started(slot, now, self.latency.lower_bound(rows, length))
         for piece in pieces:
             self._inflight[piece.entry] = None
         task = asyncio.get_running_loop().create_task(self._run(slot, pieces))

@@ -63,6 +63,12 @@ class HostMeter:
             self.per_batch += self.alpha * (seconds - self.per_batch)
         self._batches += 1
 
+    @property
+    def busy(self) -> float:
+        """The busy share as of the last closed window, read without closing one (safe to read
+        from another thread, e.g. a metrics scrape: a float read)."""
+        return self._busy
+
     def share(self, now: float) -> tuple[float, float]:
         """(busy share, per-batch share) of the host thread over the recent windows, each a
         fraction of wall time (the first may exceed 1 where the counter runs ahead of the
