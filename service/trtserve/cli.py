@@ -88,10 +88,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--stream-inflight", type=int, default=DEFAULT_STREAM_INFLIGHT,
                        help=f"requests of one stream processed at once before reading pauses (default: {DEFAULT_STREAM_INFLIGHT})")
     serve.add_argument("--max-inflight-rpcs", default="auto",
-                       help="most RPCs in progress per front end; more are answered RESOURCE_EXHAUSTED by grpc before they "
-                            "are read (a stream counts as one). 'auto' (default): the models' measured capacity x their "
-                            "longest default timeout (none where a model has neither default_timeout nor max_queue_size); "
-                            "0: no bound")
+                       help="most inference requests in progress per front end (unary calls and stream messages; health, "
+                            "metadata, statistics and model control never count); more are answered RESOURCE_EXHAUSTED "
+                            "before their tensors are read. 'auto' (default): the models' measured capacity x their "
+                            "longest default timeout, recomputed as models load and unload (none where a model has "
+                            "neither default_timeout nor max_queue_size); 0: no bound")
     serve.add_argument("--cpu-workers", type=int, default=2, help="threads per front end for handler pre/post-processing (default: 2)")
     serve.add_argument("--intra-op-threads", type=int, default=0, help="ONNX Runtime threads per session (default: 0, one per core)")
     serve.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish queued work on SIGTERM or SIGINT (default: 30)")

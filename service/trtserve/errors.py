@@ -16,6 +16,7 @@ status codes in one table (:data:`trtserve.server.STATUS_FOR`). Nothing else imp
     └── Retryable            (retry later, elsewhere or after backoff)
         ├── QueueFull        RESOURCE_EXHAUSTED  the model's queue is at max_queue_size
         ├── Overloaded       RESOURCE_EXHAUSTED  the work queued ahead would make it miss its deadline
+        ├── InflightFull     RESOURCE_EXHAUSTED  the front end holds its bound of requests in progress
         ├── ModelNotReady    UNAVAILABLE         loading, failed to load, or unloading
         ├── ModelControlDisabled  UNAVAILABLE    load/unload asked for outside explicit mode
         └── ShuttingDown     UNAVAILABLE         the server is draining
@@ -24,7 +25,8 @@ Triton answers UNAVAILABLE for a full queue and for an expired request; trtserve
 codes gRPC defines for those cases (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED) on purpose.
 
 A refusal at admission carries a :attr:`TrtServeError.refusal` reason (``queue_full``,
-``queue_wait``, ``deadline_unmeetable``): the label of ``trtserve_rejected_total``.
+``queue_wait``, ``deadline_unmeetable``, ``inflight_bound``): the label of
+``trtserve_rejected_total``.
 """
 
 from __future__ import annotations
@@ -96,6 +98,15 @@ class Overloaded(Retryable):
     refusal = "queue_wait"
 
 
+class InflightFull(Retryable):
+    """Refused by a front end before reading the request's tensors: it already has its bound of
+    inference requests in progress (``trtserve serve --max-inflight-rpcs``, measured capacity ×
+    the longest default timeout with ``auto``: :mod:`trtserve.batching.capacity`); retry on
+    another server or later."""
+
+    refusal = "inflight_bound"
+
+
 class ModelNotReady(Retryable):
     """The model exists but cannot serve now (loading, failed to load with a reason, or unloading)."""
 
@@ -112,6 +123,7 @@ class ShuttingDown(Retryable):
 __all__ = [
     "BackendError",
     "DeadlineUnmeetable",
+    "InflightFull",
     "InvalidRequest",
     "ModelControlDisabled",
     "ModelNotFound",

@@ -28,7 +28,7 @@ trtserve_slot_busy_seconds_total            counter    model
 trtserve_slot_busy_ratio                    gauge      model (since the previous scrape)
 trtserve_deadline_exceeded_total            counter    model, when = before_run | finished_late
 trtserve_rejected_total                     counter    model, reason = queue_full | queue_wait |
-                                                       deadline_unmeetable
+                                                       deadline_unmeetable | inflight_bound
 trtserve_goodput_requests_total             counter    model (answered OK within the deadline)
 trtserve_queue_drain_seconds                gauge      model (predicted, of everything queued)
 trtserve_batch_host_seconds                 gauge      model (host CPU per batch beside the engine run)
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 UNKNOWN_MODEL = "_unknown"
 """The ``model`` label of requests naming no model of the repository (keeps label values bounded)."""
 
-REFUSALS = ("queue_full", "queue_wait", "deadline_unmeetable")
+REFUSALS = ("queue_full", "queue_wait", "deadline_unmeetable", "inflight_bound")
 """The ``reason`` labels of ``trtserve_rejected_total`` (``TrtServeError.refusal``)."""
 
 BATCH_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -209,7 +209,8 @@ class TrtServeCollector:
         rejected = CounterMetricFamily(
             "trtserve_rejected",
             "Requests refused at admission, before queueing: queue_full (max_queue_size), queue_wait (the predicted "
-            "queue wait leaves no time before the deadline), deadline_unmeetable (not even an idle server could).",
+            "queue wait leaves no time before the deadline), deadline_unmeetable (not even an idle server could), "
+            "inflight_bound (the front end held --max-inflight-rpcs requests in progress).",
             labels=["model", "reason"],
         )
         goodput = CounterMetricFamily("trtserve_goodput_requests", "Requests answered OK within their deadline (or without one).",

@@ -10,6 +10,7 @@ import pytest
 from trtserve.batching.drain import (
     QueueHint,
     batch_floor,
+    deadline_batch,
     fill,
     predict,
     queue_hint,
@@ -86,6 +87,23 @@ def test_the_refusal_says_which_limit_the_deadline_misses(deadline, expected):
     assert type(refusal) is expected if expected else refusal is None
     if expected is Overloaded:
         assert f"predicted queue wait {5 * 18.0:.1f} ms" in str(refusal) and "remaining 50.0 ms" in str(refusal)
+
+
+@pytest.mark.parametrize("budget, expected", [(math.inf, 8), (0.030, 8), (0.025, 4), (0.0225, 1), (0.001, 1)])
+def test_the_deadline_caps_the_batch_a_queue_drains_in(budget, expected):
+    # 10 ms + 1 ms per row: p(n) + p(1) <= budget  <=>  n <= (budget - 0.021) / 0.001
+    assert deadline_batch(affine(), 8, 1, budget) == expected
+
+
+def test_a_queue_of_tight_rows_drains_in_the_small_batches_their_deadlines_allow():
+    latency = affine()
+    tight = [entry(1, 1, 0.025) for _ in range(8)]  # 25 ms away: batches of at most 4 rows (14 ms)
+    wait = predict(tight, 1, 0.030, 1, 1, now=0.0, free_at=[0.0], cap=8, latency=latency)
+    assert wait.start == pytest.approx(8 * 0.014 / 4)  # not 8 x 18 / 8 ms at the full-batch rate
+    assert wait.finish == pytest.approx(9 * 0.014 / 4)
+    assert isinstance(wait.refusal(0.030), Overloaded)  # the full-batch rate would admit it (20.25 ms)
+    loose = [entry(1, 1, 10.0) for _ in range(8)]
+    assert predict(loose, 1, 10.0, 1, 1, now=0.0, free_at=[0.0], cap=8, latency=latency).start == pytest.approx(0.018)
 
 
 def test_one_measurement_is_not_scaled_up_in_proportion_to_rows():

@@ -8,13 +8,18 @@ front ends refuse the same before a request crosses to the engine core, from a
   level ``L`` with deadline ``D`` runs after every queued row whose (priority, deadline) is at
   most ``(L, D)``: same or more urgent level, earlier (or equal) deadline. (Aged requests may
   go ahead of it too; they only add work, so they are left out of a lower bound.)
-* **Their work.** Those rows plus the request's own, at the low run-time estimate of a full
-  batch per row: ``rows × lower_bound(cap, length) / cap`` slot-seconds (:func:`batch_floor`), where ``cap`` is the
-  batch cap and ``length`` the shortest padded length among them. Run time is close to affine
-  in rows with a positive intercept (``latency.py``), so a full batch is the cheapest per row,
-  and the shortest length the cheapest per batch: a lower bound, like every refusal
-  (``LatencyModel.lower_bound`` says why refusals use the low estimate: a false refusal is never
-  measured, so it would not correct itself).
+* **Their work.** Those rows plus the request's own, at the low run-time estimate per row of
+  the largest batch the deadline lets run: ``rows × lower_bound(n, length) / n`` slot-seconds
+  (:func:`row_cost`), where ``length`` is the shortest padded length among them and ``n`` the
+  most rows (up to the batch cap) whose batch still leaves time for a batch of one before the
+  tightest deadline among the rows ahead (the request's own when none is),
+  ``p(n) + p(1) ≤ deadline − now`` (:func:`deadline_batch`: the dispatcher's own deadline cap,
+  policy step 3, so a queue of tight rows drains in the small batches it will really run, not
+  at the full-batch rate). Run time is close to affine in rows with a
+  positive intercept (``latency.py``), so the larger batch is the cheaper per row, and the
+  shortest length the cheapest per batch; the low estimate is used, as for every refusal
+  (``LatencyModel.lower_bound`` says why: a false refusal is never measured, so it would not
+  correct itself). Without a deadline the batch is the cap.
 * **Over the slots.** Each execution slot is free at ``now``, or when its running batch ends
   at the earliest (its start plus the low estimate of its rows, not before ``now``). Work ``W``
   spread over slots free at ``f_1 <= ... <= f_k`` is done, at the earliest, at the time ``S``
@@ -61,6 +66,29 @@ def batch_floor(latency: LatencyModel, cap: int, length: int) -> float:
     measured = [rows for rows in latency.curve(length) if rows <= cap]
     low = latency.lower_bound(cap, length)
     return min(low, latency.lower_bound(max(measured), length)) if measured else low
+
+
+def deadline_batch(latency: LatencyModel, cap: int, length: int, budget: float) -> int:
+    """The most rows (1..``cap``) of a batch padded to ``length`` whose low run time leaves a
+    batch of one after it within ``budget`` seconds: ``p(n) + p(1) ≤ budget`` (1 when even two
+    batches of one do not fit; ``cap`` for ``budget = math.inf``). Run time grows with rows, so
+    a bisection finds it."""
+    one = latency.lower_bound(1, length)
+    low, high = 1, cap
+    while low < high:
+        mid = (low + high + 1) // 2
+        if latency.lower_bound(mid, length) + one <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def row_cost(latency: LatencyModel, cap: int, length: int, budget: float) -> float:
+    """Least slot-seconds one queued row padded to ``length`` costs when the deadline ``budget``
+    seconds away lets batches of :func:`deadline_batch` rows run (see the module docstring)."""
+    rows = deadline_batch(latency, cap, length, budget)
+    return batch_floor(latency, rows, length) / rows
 
 
 def fill(free_at: Sequence[float], work: float) -> float:
@@ -137,13 +165,15 @@ def predict(entries: Sequence[QueueEntry], priority: float, deadline: float, row
     free at ``free_at`` and batches of at most ``cap`` rows (see the module docstring).
     ``priority=math.inf`` puts it behind everything, and ``rows=0`` gives the drain time of
     the whole queue as ``start``."""
-    ahead, shortest = 0, length if rows else math.inf
+    ahead, shortest, tightest = 0, length if rows else math.inf, math.inf
     for entry in entries:
         if (entry.priority, entry.deadline) > (priority, deadline):
             break
         ahead += entry.rows
         shortest = min(shortest, entry.length)
-    per_row = batch_floor(latency, cap, int(shortest)) / cap if ahead + rows else 0.0
+        tightest = min(tightest, entry.deadline)
+    budget = (tightest if ahead else deadline) - now
+    per_row = row_cost(latency, cap, int(shortest), budget) if ahead + rows else 0.0
     start = fill(free_at, ahead * per_row)
     run = latency.lower_bound(min(max(rows, 1), cap), length)
     return Wait(now, start, max(fill(free_at, (ahead + rows) * per_row), free_at[0] + run), now + run)
@@ -230,12 +260,13 @@ def queue_hint(queue: RequestQueue, policy: BatchingPolicy, *, now: float, free_
     entries = list(queue.entries)
     step = max(1, math.ceil(len(entries) / HINT_POINTS))
     points: list[tuple[int, float, float]] = []
-    rows, shortest = 0, math.inf
+    rows, shortest, budget = 0, math.inf, math.inf
     for i, entry in enumerate(entries):
         rows += entry.rows
         shortest = min(shortest, entry.length)
+        budget = min(budget, entry.deadline - now)  # the tightest row so far caps the batches
         if (i + 1) % step == 0 or i == len(entries) - 1:
-            done = fill(free_at, rows * batch_floor(latency, cap, int(shortest)) / cap)
+            done = fill(free_at, rows * row_cost(latency, cap, int(shortest), budget))
             points.append((entry.priority, entry.deadline, done))
     full: list[tuple[int, float]] = []
     if free_at[0] > now:  # with a slot idle the queue moves at once
@@ -248,4 +279,5 @@ def queue_hint(queue: RequestQueue, policy: BatchingPolicy, *, now: float, free_
     return QueueHint(latency.lower_bound(1, 1), policy, free_at[0], tuple(points), tuple(full))
 
 
-__all__ = ["HINT_POINTS", "HINT_REFRESH_S", "QueueHint", "SlotEnds", "Wait", "batch_floor", "fill", "predict", "queue_hint", "shed"]
+__all__ = ["HINT_POINTS", "HINT_REFRESH_S", "QueueHint", "SlotEnds", "Wait", "batch_floor", "deadline_batch", "fill", "predict",
+           "queue_hint", "row_cost", "shed"]

@@ -1,8 +1,9 @@
-"""A front end's admission and graceful drain (C25).
+"""A front end's admission, in-flight bound and graceful drain (C25).
 
 Lifecycle of a request: *admitted* (counted in :attr:`Admission.active`) unless the front end
-is draining, answered, released exactly once however its task ends (answered, failed,
-cancelled). Draining refuses admission; :func:`drain` waits for ``active`` to reach 0.
+is draining or already holds :attr:`Admission.limit` requests, answered, released exactly once
+however its task ends (answered, failed, cancelled). Draining refuses admission; :func:`drain`
+waits for ``active`` to reach 0.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 import grpc
 
 from ..clock import Clock
+from ..errors import InflightFull, ShuttingDown, TrtServeError
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,11 @@ class Admission:
         draining: no new request is admitted.
         expired: the drain's grace ran out: the tasks still answering were cancelled and
             answer UNAVAILABLE.
-        active: admitted requests not released yet.
+        active: admitted requests not released yet (unary calls and stream messages).
+        limit: most requests admitted at once (``--max-inflight-rpcs``); ``None``: no bound.
+            Only inference requests count: health, metadata, statistics and model control
+            are never refused by it, so an orchestrator's probes answer under overload.
+        limit_source: what ``limit`` is, for the refusal's message.
     """
 
     def __init__(self, on_change: Callable[[int], None] | None = None) -> None:
@@ -47,17 +53,25 @@ class Admission:
         self.draining = False
         self.expired = False
         self.active = 0
+        self.limit: int | None = None
+        self.limit_source = "--max-inflight-rpcs"
         self._quiet = asyncio.Event()  # set once draining and active == 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def admit(self) -> bool:
-        """Admit one request; False while draining."""
+    def admit(self) -> TrtServeError | None:
+        """Admit one request (``None``), or the refusal to answer it with: ShuttingDown
+        (UNAVAILABLE) while draining, InflightFull (RESOURCE_EXHAUSTED) at :attr:`limit`."""
         if self.draining:
-            return False
+            return ShuttingDown(REFUSED)
+        if self.limit is not None and self.active >= self.limit:
+            return InflightFull(
+                f"overloaded: this front end already has {self.active} requests in progress, its bound "
+                f"({self.limit_source}); retry on another server or later"
+            )
         self.active += 1
         if self.on_change is not None:
             self.on_change(self.active)
-        return True
+        return None
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """``task`` answers an admitted request: cancel it if the grace runs out."""

@@ -45,7 +45,6 @@ async def _frontend(config: ServeConfig, address: str, port: int, index: int, co
     await asyncio.wait((loaded, stopped), return_when=asyncio.FIRST_COMPLETED)
     if loaded.done():
         loaded.result()
-        await server.bounded.wait()  # ready once the server with its in-flight bound listens
         conn.send(("ready",))
     await stopped
     await drain(server, service, config.grace)

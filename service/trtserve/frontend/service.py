@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from concurrent.futures import Executor
+from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -36,18 +36,21 @@ from .._proto.inference import grpc_service_pb2 as pb
 from .._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from ..clock import Clock
 from ..engine.wire import deadline_of
-from ..errors import ResponseTooLarge, ShuttingDown, TrtServeError
+from ..errors import ResponseTooLarge, TrtServeError
 from ..logs import REQUEST_LOGGER
 from ..metrics import UNKNOWN_MODEL
 from ..protocol import codec
 from ..protocol.parameters import request_parameters
 from .engine_client import Engine
-from .lifecycle import GRACE_EXPIRED, REFUSED, Admission
+from .lifecycle import GRACE_EXPIRED, Admission
 from .models import ModelTable, repository_parameters
 from .status import status_for
 from .stream import serve_stream
 
 log = logging.getLogger(__name__)
+
+AUTO = "auto"
+"""``max_inflight``: derive the bound from the served models' measured capacity."""
 _requests_log = logging.getLogger(REQUEST_LOGGER)
 
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
@@ -95,6 +98,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             front end stops reading the stream (HTTP/2 flow control pushes back on the client).
         max_request_elements: most tensor elements one request may declare, over all its
             inputs; checked from the shapes before anything is allocated.
+        max_inflight: most inference requests (unary calls and stream messages) in progress
+            at once; one more is refused RESOURCE_EXHAUSTED (InflightFull) before its tensors
+            are read. ``"auto"``: measured capacity × useful wait of the models served
+            (:func:`~trtserve.batching.capacity.inflight_bound`, from the engine core),
+            recomputed whenever the models served change; ``None``: no bound.
 
     Until :meth:`loaded` it is not ready, health says NOT_SERVING, and requests are
     UNAVAILABLE ("still loading").
@@ -109,6 +117,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         max_send_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         stream_inflight: int = DEFAULT_STREAM_INFLIGHT,
         max_request_elements: int = codec.MAX_ELEMENTS,
+        max_inflight: int | str | None = None,
     ) -> None:
         self.engine = engine
         self.clock = clock
@@ -117,8 +126,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.stream_inflight = stream_inflight
         self.max_request_elements = max_request_elements
         self.admission = Admission(on_change=engine.set_active)
+        self.auto_bound = max_inflight == AUTO
+        if isinstance(max_inflight, int) and max_inflight > 0:
+            self.admission.limit = max_inflight
+            self.admission.limit_source = f"--max-inflight-rpcs {max_inflight}"
         self.health = health.aio.HealthServicer()
-        self.table = ModelTable(engine, pool, self.update_health)
+        self.table = ModelTable(engine, pool, self._models_changed)
         self.wake_streams: set[asyncio.Queue[Any]] = set()  # outboxes of the open streams
 
     # -- readiness, admission and drain ---------------------------------------------------
@@ -135,6 +148,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         status = health_pb2.HealthCheckResponse.SERVING if self.serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
+
+    async def _models_changed(self) -> None:
+        """The models served changed: recompute an ``auto`` bound, publish health."""
+        if self.auto_bound:
+            limit = await self.engine.query("inflight_bound")
+            if limit != self.admission.limit:
+                if limit is None:
+                    log.info("front end: no bound on requests in progress (a model admits requests without a deadline "
+                             "into an unbounded queue: set default_timeout or max_queue_size, or --max-inflight-rpcs)")
+                else:
+                    log.info("front end: at most %d requests in progress (measured capacity x longest default timeout)",
+                             limit)
+            self.admission.limit = limit
+            self.admission.limit_source = f"--max-inflight-rpcs auto: {limit}, measured capacity x longest default timeout"
+        await self.update_health()
 
     async def loaded(self) -> None:
         """Wait for the engine core's model table, load each served version's handler (off
@@ -212,11 +240,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         task = asyncio.current_task()
-        admitted = self.admission.admit()
+        refusal = self.admission.admit()
+        admitted = refusal is None
         if admitted and task is not None:
             self.admission.track(task)
         try:
-            return await self._call(context, self.answer, request, self.deadline_of(context), admitted)
+            return await self._call(context, self.answer, request, self.deadline_of(context), refusal)
         except asyncio.CancelledError:
             if not self.admission.expired:
                 raise
@@ -239,18 +268,20 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         per call: every message of a stream shares it, so they queue in arrival order."""
         return deadline_of(context.time_remaining(), self.clock.now())
 
-    async def answer(self, request: pb.ModelInferRequest, deadline: float, admitted: bool) -> pb.ModelInferResponse:
+    async def answer(self, request: pb.ModelInferRequest, deadline: float,
+                     refusal: TrtServeError | None) -> pb.ModelInferResponse:
         """Answer one request (unary, or one stream message) by ``deadline`` (the gRPC
         deadline, monotonic seconds) and record its outcome once.
 
         Raises:
-            TrtServeError: its status is the answer (ShuttingDown when not ``admitted``).
+            TrtServeError: its status is the answer (``refusal``, when admission refused it:
+                ShuttingDown or InflightFull, :meth:`Admission.admit <trtserve.frontend.lifecycle.Admission.admit>`).
         """
         start = self.clock.now()
         code, error, late = "OK", None, False
         try:
-            if not admitted:
-                raise ShuttingDown(REFUSED)
+            if refusal is not None:
+                raise refusal
             response, late = await self._infer(request, deadline)
             return response
         except TrtServeError as exc:

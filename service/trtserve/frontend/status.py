@@ -7,6 +7,7 @@ import grpc
 from .._proto.inference import grpc_service_pb2 as pb
 from ..errors import (
     BackendError,
+    InflightFull,
     InvalidRequest,
     ModelControlDisabled,
     ModelNotFound,
@@ -29,6 +30,7 @@ STATUS_FOR: dict[type[TrtServeError], grpc.StatusCode] = {
     BackendError: grpc.StatusCode.INTERNAL,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    InflightFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotReady: grpc.StatusCode.UNAVAILABLE,
     ModelControlDisabled: grpc.StatusCode.UNAVAILABLE,
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,

@@ -16,8 +16,8 @@ task of the stream is cancelled, and their rows leave the engine core's queue (C
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 from collections.abc import AsyncGenerator, AsyncIterator
+from functools import partial
 from typing import Any, Protocol
 
 from .._proto.inference import grpc_service_pb2 as pb
@@ -36,7 +36,8 @@ class StreamOwner(Protocol):
 
     def deadline_of(self, context: Any) -> float: ...
 
-    async def answer(self, request: pb.ModelInferRequest, deadline: float, admitted: bool) -> pb.ModelInferResponse: ...
+    async def answer(self, request: pb.ModelInferRequest, deadline: float,
+                     refusal: TrtServeError | None) -> pb.ModelInferResponse: ...
 
 
 async def serve_stream(
@@ -53,10 +54,10 @@ async def serve_stream(
 
     deadline = service.deadline_of(context)
 
-    async def answer(request: pb.ModelInferRequest, admitted: bool) -> None:
+    async def answer(request: pb.ModelInferRequest, refusal: TrtServeError | None) -> None:
         nonlocal unanswered
         try:
-            message = pb.ModelStreamInferResponse(infer_response=await service.answer(request, deadline, admitted))
+            message = pb.ModelStreamInferResponse(infer_response=await service.answer(request, deadline, refusal))
         except TrtServeError as exc:
             message = stream_error(request, exc)
         except asyncio.CancelledError:
@@ -77,8 +78,9 @@ async def serve_stream(
             async for request in request_iterator:
                 await slots.acquire()
                 unanswered += 1
-                admitted = admission.admit()
-                task = asyncio.ensure_future(answer(request, admitted))
+                refusal = admission.admit()
+                admitted = refusal is None
+                task = asyncio.ensure_future(answer(request, refusal))
                 if admitted:
                     admission.track(task)
                 pending.add(task)
