@@ -27,6 +27,7 @@ from reliability.harness import wait_for, write_probe
 from trtserve.batching.capacity import best_rows_per_second
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request
+from trtserve.engine.lifecycle import ControlMode, LifecycleConfig
 from trtserve.tools.process import ServerProcess
 
 
@@ -211,6 +212,21 @@ def test_the_automatic_inflight_bound_of_bounded_queues_refuses_the_rest(make_se
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-inflight-rpcs auto: 3" in details, details
         for i, f in enumerate(held):
             np.testing.assert_array_equal(f.result()["OUTPUT0"], row(1.0 + i)["INPUT0"])
+
+
+def test_the_automatic_inflight_bound_follows_the_models_loaded_and_unloaded(make_server, tmp_path):
+    # Queues of 2 and 3, one batch of one running each: 3 with model a alone, 3 + 4 with b too.
+    write_probe(tmp_path, "a", max_batch_size=1, batch_ms=50, dynamic="default_queue_policy { max_queue_size: 2 }")
+    write_probe(tmp_path, "b", max_batch_size=1, batch_ms=50, dynamic="default_queue_policy { max_queue_size: 3 }")
+    srv = make_server(tmp_path, frontends=1, max_inflight_rpcs="auto",
+                      lifecycle=LifecycleConfig(mode=ControlMode.EXPLICIT, load_models=("a",)))
+    admission = srv.service.admission
+    assert wait_for(lambda: admission.limit == 3, 10)
+    with srv.client() as c:
+        c.stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="b"), timeout=60)
+        assert admission.limit == 7
+        c.stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="b"), timeout=60)
+        assert admission.limit == 3
 
 
 def test_without_deadlines_or_queue_bounds_there_is_no_automatic_bound(make_server, tmp_path):

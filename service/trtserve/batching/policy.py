@@ -36,7 +36,7 @@ It reads no clock and changes nothing; the dispatcher applies the :class:`Decisi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..config import BatchingPolicy
@@ -330,11 +330,7 @@ def _deadline_cap(
     batch of one (a model whose batch of one outlasts the tight budgets cannot protect them,
     and batches of one would only lower its throughput). The cap is the largest n whose
     p(n) fits (at least 1), and the batch is selected again under it until nothing more left
-    out lowers it (each pass only lowers the cap). Queued rows are judged on the low run-time
-    estimate, as :func:`_on_time` judges them; the tight request that may arrive on the mean
-    (:meth:`LatencyModel.predict`): protecting it is a decision to wait, not to refuse, and on
-    a noisy CPU engine a batch capped by its low estimate runs past the tight budget about
-    half the time.
+    out lowers it (each pass only lowers the cap).
 
     The cap never goes below ``floor``, the size at which the engine keeps up with the
     measured arrivals (:func:`_engine_rows`): below it the queue grows without bound and every
@@ -344,17 +340,16 @@ def _deadline_cap(
     now = inputs.now
     cap = inputs.cap
     length = max(e.length for e, _ in batch)
-    tight_rows = cap
+    base = math.inf
     tight = inputs.tight_budget
     if tight < math.inf:
-        one_row = latency.predict(1, length)
-        base = tight - min(DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE * tight) - one_row
-        if base >= one_row:  # else not even a batch of one ahead leaves it time: no cap can help it
-            tight_rows = _rows_within(base, length, latency.predict, cap)
+        base = tight - min(DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE * tight) - latency.lower_bound(1, length)
+        if base < latency.lower_bound(1, length):
+            base = math.inf  # not even a batch of one ahead leaves it time: no cap can help it
     head = batch[0][0].priority
     for _ in range(4):
         taken = {id(e): n for e, n in batch}
-        limit = math.inf
+        limit = base
         for e in live:
             # Only rows as urgent as the batch's head: a lower priority never shrinks it.
             if e.deadline < math.inf and e.priority <= head and e.rows > taken.get(id(e), 0):
@@ -362,7 +357,7 @@ def _deadline_cap(
                 if slack >= latency.lower_bound(1, length):
                     limit = min(limit, slack)
         rows = sum(n for _, n in batch)
-        fits = max(min(_rows_within(limit, length, latency.lower_bound, rows), tight_rows), floor)
+        fits = max(_rows_within(limit, length, latency, rows), floor)
         if fits >= rows:
             return cap, batch
         cap = fits
@@ -370,17 +365,16 @@ def _deadline_cap(
     return cap, batch
 
 
-def _rows_within(limit: float, length: int, estimate: Callable[[int, int], float], most: int) -> int:
-    """The largest n in 1..``most`` whose run time by ``estimate(rows, length)`` is within
-    ``limit`` seconds (1 if none). For queued rows the estimate is
-    :meth:`LatencyModel.lower_bound`, as :func:`_on_time` judges a batch (a length never
-    measured is not scaled up, else one long row would cap every batch it joins at one row)."""
-    if estimate(most, length) <= limit:
+def _rows_within(limit: float, length: int, latency: LatencyModel, most: int) -> int:
+    """The largest n in 1..``most`` whose least run time (:meth:`LatencyModel.lower_bound`,
+    as :func:`_on_time` judges a batch: a length never measured is not scaled up, else one
+    long row would cap every batch it joins at one row) is within ``limit`` seconds (1 if none)."""
+    if latency.lower_bound(most, length) <= limit:
         return most
     lo, hi = 1, most  # p(lo) may not fit (then 1); p(hi) does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if estimate(mid, length) <= limit:
+        if latency.lower_bound(mid, length) <= limit:
             lo = mid
         else:
             hi = mid
