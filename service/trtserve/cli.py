@@ -90,7 +90,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--max-inflight-rpcs", default="auto",
                        help="most inference requests in progress per front end (unary calls and stream messages; health, "
                             "metadata, statistics and model control never count); more are answered RESOURCE_EXHAUSTED "
-                            "before their tensors are read. 'auto' (default): the models' measured capacity x their "
+                            "before their tensors are decoded. 'auto' (default): the models' measured capacity x their "
                             "longest default timeout, recomputed as models load and unload (none where a model has "
                             "neither default_timeout nor max_queue_size); 0: no bound")
     serve.add_argument("--cpu-workers", type=int, default=2, help="threads per front end for handler pre/post-processing (default: 2)")

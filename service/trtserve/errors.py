@@ -99,7 +99,7 @@ class Overloaded(Retryable):
 
 
 class InflightFull(Retryable):
-    """Refused by a front end before reading the request's tensors: it already has its bound of
+    """Refused by a front end before decoding the request's tensors: it already has its bound of
     inference requests in progress (``trtserve serve --max-inflight-rpcs``, measured capacity ×
     the longest default timeout with ``auto``: :mod:`trtserve.batching.capacity`); retry on
     another server or later."""

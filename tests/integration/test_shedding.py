@@ -11,6 +11,7 @@ what separates the outcomes.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import subprocess
@@ -229,12 +230,14 @@ def test_the_automatic_inflight_bound_follows_the_models_loaded_and_unloaded(mak
         assert admission.limit == 3
 
 
-def test_without_deadlines_or_queue_bounds_there_is_no_automatic_bound(make_server, tmp_path):
+def test_without_deadlines_or_queue_bounds_there_is_no_automatic_bound(make_server, tmp_path, caplog):
     write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=10)
-    srv = make_server(tmp_path, frontends=1, max_inflight_rpcs="auto")
-    with srv.client() as c:
-        np.testing.assert_array_equal(c.infer("slow", row(3.0))["OUTPUT0"], row(3.0)["INPUT0"])
+    with caplog.at_level(logging.INFO, logger="trtserve.frontend.service"):
+        srv = make_server(tmp_path, frontends=1, max_inflight_rpcs="auto")
+        with srv.client() as c:
+            np.testing.assert_array_equal(c.infer("slow", row(3.0))["OUTPUT0"], row(3.0)["INPUT0"])
     assert srv.service.admission.limit is None
+    assert "no bound on requests in progress" in caplog.text  # the bound was computed, and said so
 
 
 def test_stream_messages_are_refused_with_their_own_id(make_server, tmp_path):

@@ -95,15 +95,25 @@ def test_the_deadline_caps_the_batch_a_queue_drains_in(budget, expected):
     assert deadline_batch(affine(), 8, 1, budget) == expected
 
 
-def test_a_queue_of_tight_rows_drains_in_the_small_batches_their_deadlines_allow():
+def test_rows_ahead_at_its_level_drain_in_the_batches_that_leave_a_tight_request_time():
     latency = affine()
-    tight = [entry(1, 1, 0.025) for _ in range(8)]  # 25 ms away: batches of at most 4 rows (14 ms)
-    wait = predict(tight, 1, 0.030, 1, 1, now=0.0, free_at=[0.0], cap=8, latency=latency)
+    ahead = [entry(1, 1, 0.024) for _ in range(8)]
+    # Due in 25 ms, each batch ahead of it may take 25 - 11 = 14 ms: 4 rows, 3.5 ms a row.
+    wait = predict(ahead, 1, 0.025, 1, 1, now=0.0, free_at=[0.0], cap=8, latency=latency)
     assert wait.start == pytest.approx(8 * 0.014 / 4)  # not 8 x 18 / 8 ms at the full-batch rate
-    assert wait.finish == pytest.approx(9 * 0.014 / 4)
-    assert isinstance(wait.refusal(0.030), Overloaded)  # the full-batch rate would admit it (20.25 ms)
-    loose = [entry(1, 1, 10.0) for _ in range(8)]
-    assert predict(loose, 1, 10.0, 1, 1, now=0.0, free_at=[0.0], cap=8, latency=latency).start == pytest.approx(0.018)
+    assert wait.finish == pytest.approx(8 * 0.014 / 4 + 0.018 / 8)  # its own row at the full rate
+    assert isinstance(wait.refusal(0.025), Overloaded)  # the full-batch rate would admit it (20.25 ms)
+    # With 30 ms to go, one full batch ahead (18 ms) still leaves it a batch of one: admitted.
+    assert predict(ahead, 1, 0.030, 1, 1, now=0.0, free_at=[0.0], cap=8, latency=latency).refusal(0.030) is None
+    # Rows of a more urgent level are not capped for it.
+    urgent = [entry(1, 0, 0.024) for _ in range(8)]
+    assert predict(urgent, 1, 0.025, 1, 1, now=0.0, free_at=[0.0], cap=8, latency=latency).start == pytest.approx(0.018)
+
+
+def test_a_request_alone_is_not_capped_by_its_own_deadline():
+    # 8 rows due in 25 ms on an idle server: one batch of 8 takes 18 ms.
+    wait = predict([], 1, 0.025, 8, 1, now=0.0, free_at=[0.0], cap=8, latency=affine())
+    assert wait.finish == pytest.approx(0.018) and wait.refusal(0.025) is None
 
 
 def test_one_measurement_is_not_scaled_up_in_proportion_to_rows():

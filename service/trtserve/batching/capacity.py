@@ -4,7 +4,7 @@ A request beyond ``capacity × wait`` would wait longer than ``wait`` behind the
 admitted, past any deadline it may have, so it is better refused at once: the front end's
 admission (``trtserve serve --max-inflight-rpcs``,
 :class:`~trtserve.frontend.lifecycle.Admission`) answers it RESOURCE_EXHAUSTED before its
-tensors are read. The bound is trtserve's, not grpc's ``maximum_concurrent_rpcs``: that one
+tensors are decoded. The bound is trtserve's, not grpc's ``maximum_concurrent_rpcs``: that one
 counts every RPC, so under overload it would refuse health checks and ModelStatistics too (an
 orchestrator's probe failing on a busy server restarts it), and it is fixed when a server is
 made. In grpc.aio it saves little: measured here, a call refused by grpc's Cython layer costs the
@@ -64,14 +64,16 @@ def inflight_rows(dispatcher: Dispatcher) -> float | None:
 
 def inflight_bound(dispatchers: Iterable[Dispatcher]) -> int | None:
     """The in-flight request bound of a front end of a server with these models (at least 1), or
-    ``None`` where a model admits requests that may wait without limit."""
-    total = 0.0
+    ``None`` where a model admits requests that may wait without limit, or no model is served
+    (then a request gets NOT_FOUND or UNAVAILABLE, not a refusal for being one too many)."""
+    total, served = 0.0, False
     for dispatcher in dispatchers:
+        served = True
         rows = inflight_rows(dispatcher)
         if rows is None:
             return None
         total += rows
-    return max(1, math.ceil(total))
+    return max(1, math.ceil(total)) if served else None
 
 
 __all__ = ["best_rows_per_second", "inflight_bound", "inflight_rows"]

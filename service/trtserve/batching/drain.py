@@ -8,18 +8,23 @@ front ends refuse the same before a request crosses to the engine core, from a
   level ``L`` with deadline ``D`` runs after every queued row whose (priority, deadline) is at
   most ``(L, D)``: same or more urgent level, earlier (or equal) deadline. (Aged requests may
   go ahead of it too; they only add work, so they are left out of a lower bound.)
-* **Their work.** Those rows plus the request's own, at the low run-time estimate per row of
-  the largest batch the deadline lets run: ``rows × lower_bound(n, length) / n`` slot-seconds
-  (:func:`row_cost`), where ``length`` is the shortest padded length among them and ``n`` the
-  most rows (up to the batch cap) whose batch still leaves time for a batch of one before the
-  tightest deadline among the rows ahead (the request's own when none is),
-  ``p(n) + p(1) ≤ deadline − now`` (:func:`deadline_batch`: the dispatcher's own deadline cap,
-  policy step 3, so a queue of tight rows drains in the small batches it will really run, not
-  at the full-batch rate). Run time is close to affine in rows with a
-  positive intercept (``latency.py``), so the larger batch is the cheaper per row, and the
-  shortest length the cheapest per batch; the low estimate is used, as for every refusal
-  (``LatencyModel.lower_bound`` says why: a false refusal is never measured, so it would not
-  correct itself). Without a deadline the batch is the cap.
+* **Their work.** Run time is close to affine in rows with a positive intercept
+  (``latency.py``), so a full batch is the cheapest per row, and the shortest padded length
+  (``length``) among the rows the cheapest per batch; every estimate is the low one, as for
+  every refusal (``LatencyModel.lower_bound`` says why: a false refusal is never measured, so
+  it would not correct itself). Rows of a more urgent level, and the request's own, count at
+  the full-batch rate, ``rows × lower_bound(cap, length) / cap`` slot-seconds
+  (:func:`batch_floor`). Rows ahead at the request's own level run in batches that leave the
+  request behind, and the dispatcher caps those (policy step 3) so that it still has time for
+  a batch of one: they count at the rate of the largest such batch,
+  ``lower_bound(n, length) / n`` per row with ``n`` the most rows (up to the cap) whose
+  ``p(n) + p(1) ≤ deadline − now`` (:func:`row_cost`, :func:`deadline_batch`). So a tight
+  request behind other tight ones is costed at the small batches the queue will really run:
+  counted at the full-batch rate, a queue of 30 ms minilm requests admitted about twice what it
+  could serve in time, since none of its full batches fits in 30 ms, and the admitted requests
+  expired in the queue. A more urgent level is not capped by a less urgent request (the
+  dispatcher never shrinks a batch for a lower priority), and without a deadline there is no
+  cap.
 * **Over the slots.** Each execution slot is free at ``now``, or when its running batch ends
   at the earliest (its start plus the low estimate of its rows, not before ``now``). Work ``W``
   spread over slots free at ``f_1 <= ... <= f_k`` is done, at the earliest, at the time ``S``
@@ -33,8 +38,10 @@ is free). An idle server needs ``now + run``: a deadline before that is hopeless
 (``DeadlineUnmeetable``, DEADLINE_EXCEEDED); a deadline before the finish is met by an idle
 server but not by this one (``Overloaded``, RESOURCE_EXHAUSTED: retry elsewhere).
 
-The hint's times are absolute (monotonic seconds): rows that arrive later only add work and
-rows that run take their time, so a hint stays a lower bound as it ages. Rows cancelled or
+The hint's times are absolute (monotonic seconds) and count every row at the full-batch rate
+(its points cannot know the deadline of the request they will be compared with): rows that
+arrive later only add work and rows that run take their time, so a hint stays a lower bound as
+it ages, and the engine core's admission, which knows the request, refines it. Rows cancelled or
 expired since make it high; it still refuses nothing past its own ``done_at`` times, and every
 answer brings a fresh one.
 """
@@ -165,18 +172,22 @@ def predict(entries: Sequence[QueueEntry], priority: float, deadline: float, row
     free at ``free_at`` and batches of at most ``cap`` rows (see the module docstring).
     ``priority=math.inf`` puts it behind everything, and ``rows=0`` gives the drain time of
     the whole queue as ``start``."""
-    ahead, shortest, tightest = 0, length if rows else math.inf, math.inf
+    urgent, level, shortest = 0, 0, length if rows else math.inf
     for entry in entries:
         if (entry.priority, entry.deadline) > (priority, deadline):
             break
-        ahead += entry.rows
+        if entry.priority < priority:
+            urgent += entry.rows
+        else:
+            level += entry.rows
         shortest = min(shortest, entry.length)
-        tightest = min(tightest, entry.deadline)
-    budget = (tightest if ahead else deadline) - now
-    per_row = row_cost(latency, cap, int(shortest), budget) if ahead + rows else 0.0
-    start = fill(free_at, ahead * per_row)
+    full = capped = 0.0
+    if urgent + level + rows:
+        full = batch_floor(latency, cap, int(shortest)) / cap
+        capped = row_cost(latency, cap, int(shortest), deadline - now) if level else full
+    ahead = urgent * full + level * capped
     run = latency.lower_bound(min(max(rows, 1), cap), length)
-    return Wait(now, start, max(fill(free_at, (ahead + rows) * per_row), free_at[0] + run), now + run)
+    return Wait(now, fill(free_at, ahead), max(fill(free_at, ahead + rows * full), free_at[0] + run), now + run)
 
 
 @dataclass(frozen=True)
@@ -260,13 +271,12 @@ def queue_hint(queue: RequestQueue, policy: BatchingPolicy, *, now: float, free_
     entries = list(queue.entries)
     step = max(1, math.ceil(len(entries) / HINT_POINTS))
     points: list[tuple[int, float, float]] = []
-    rows, shortest, budget = 0, math.inf, math.inf
+    rows, shortest = 0, math.inf
     for i, entry in enumerate(entries):
         rows += entry.rows
         shortest = min(shortest, entry.length)
-        budget = min(budget, entry.deadline - now)  # the tightest row so far caps the batches
         if (i + 1) % step == 0 or i == len(entries) - 1:
-            done = fill(free_at, rows * row_cost(latency, cap, int(shortest), budget))
+            done = fill(free_at, rows * batch_floor(latency, cap, int(shortest)) / cap)
             points.append((entry.priority, entry.deadline, done))
     full: list[tuple[int, float]] = []
     if free_at[0] > now:  # with a slot idle the queue moves at once

@@ -229,7 +229,7 @@ class EngineCore:
         (serialized trtserve.v1 messages); ``load`` / ``unload`` ((name, parameters)) return
         a coroutine that finishes once the model is served or unloaded (see
         :class:`~trtserve.engine.lifecycle.ModelLifecycle`), and ``inflight_bound`` (the
-        in-flight RPC bound of a front end or None: :func:`~trtserve.batching.capacity.inflight_bound`).
+        in-flight request bound of a front end or None: :func:`~trtserve.batching.capacity.inflight_bound`).
 
         Raises:
             TrtServeError: ModelNotFound, ModelNotReady, InvalidRequest, as the RPC answers.

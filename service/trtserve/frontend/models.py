@@ -30,7 +30,8 @@ class ModelTable:
     Args:
         engine: the connection to the engine core (its ``models`` is the table followed).
         pool: executor for the handlers' pre/post-processing.
-        on_change: awaited after each refresh (the service republishes its health).
+        on_change: awaited after each refresh (the service recomputes an automatic in-flight
+            bound and republishes its health).
 
     Touched only from the loop. :attr:`versions` is replaced as a whole by each refresh, and
     refreshes run one at a time, each building from the newest table.

@@ -62,7 +62,7 @@ async def start_frontend(
         max_inflight_rpcs: most inference requests in progress at once (unary calls and
             stream messages; health, metadata, statistics and model control never count and
             are never refused): one more is refused RESOURCE_EXHAUSTED before its tensors are
-            read (:class:`~trtserve.frontend.lifecycle.Admission`); ``"auto"``: measured
+            decoded (:class:`~trtserve.frontend.lifecycle.Admission`); ``"auto"``: measured
             capacity × useful wait of the models served (:mod:`trtserve.batching.capacity`),
             recomputed when they change; ``None`` or 0: no bound.
         tls: serve TLS (mutual TLS when it has a client CA) instead of plaintext.

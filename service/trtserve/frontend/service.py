@@ -100,7 +100,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             inputs; checked from the shapes before anything is allocated.
         max_inflight: most inference requests (unary calls and stream messages) in progress
             at once; one more is refused RESOURCE_EXHAUSTED (InflightFull) before its tensors
-            are read. ``"auto"``: measured capacity × useful wait of the models served
+            are decoded. ``"auto"``: measured capacity × useful wait of the models served
             (:func:`~trtserve.batching.capacity.inflight_bound`, from the engine core),
             recomputed whenever the models served change; ``None``: no bound.
 
@@ -127,6 +127,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.max_request_elements = max_request_elements
         self.admission = Admission(on_change=engine.set_active)
         self.auto_bound = max_inflight == AUTO
+        self._bound_logged = False
         if isinstance(max_inflight, int) and max_inflight > 0:
             self.admission.limit = max_inflight
             self.admission.limit_source = f"--max-inflight-rpcs {max_inflight}"
@@ -150,19 +151,28 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await self.health.set(name, status)
 
     async def _models_changed(self) -> None:
-        """The models served changed: recompute an ``auto`` bound, publish health."""
-        if self.auto_bound:
-            limit = await self.engine.query("inflight_bound")
-            if limit != self.admission.limit:
-                if limit is None:
-                    log.info("front end: no bound on requests in progress (a model admits requests without a deadline "
-                             "into an unbounded queue: set default_timeout or max_queue_size, or --max-inflight-rpcs)")
-                else:
-                    log.info("front end: at most %d requests in progress (measured capacity x longest default timeout)",
-                             limit)
-            self.admission.limit = limit
-            self.admission.limit_source = f"--max-inflight-rpcs auto: {limit}, measured capacity x longest default timeout"
-        await self.update_health()
+        """The models served changed: recompute an ``auto`` bound (a failed query keeps the
+        bound in force, and says so), publish health."""
+        try:
+            if self.auto_bound:
+                await self._recompute_bound()
+        except Exception:
+            log.exception("front end: the in-flight bound could not be recomputed; %s stays in force",
+                          self.admission.limit)
+        finally:
+            await self.update_health()
+
+    async def _recompute_bound(self) -> None:
+        limit = await self.engine.query("inflight_bound")
+        if limit != self.admission.limit or not self._bound_logged:
+            if limit is None:
+                log.info("front end: no bound on requests in progress (a model admits requests without a deadline "
+                         "into an unbounded queue: set default_timeout or max_queue_size, or --max-inflight-rpcs)")
+            else:
+                log.info("front end: at most %d requests in progress (measured capacity x longest default timeout)", limit)
+            self._bound_logged = True
+        self.admission.limit = limit
+        self.admission.limit_source = f"--max-inflight-rpcs auto: {limit}, measured capacity x longest default timeout"
 
     async def loaded(self) -> None:
         """Wait for the engine core's model table, load each served version's handler (off
