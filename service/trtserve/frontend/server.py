@@ -16,13 +16,7 @@ from ..clock import Clock
 from .control import ModelControlService
 from .engine_client import Engine
 from .security import BearerTokenInterceptor, TlsConfig
-from .service import (
-    AUTO,
-    DEFAULT_MAX_MESSAGE_BYTES,
-    DEFAULT_STREAM_INFLIGHT,
-    SERVICE_NAME,
-    InferenceService,
-)
+from .service import AUTO, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT, SERVICE_NAME, InferenceService
 
 CONTROL_SERVICE_NAME = control_pb2.DESCRIPTOR.services_by_name["ModelControl"].full_name
 
@@ -73,7 +67,8 @@ async def start_frontend(
         RuntimeError: the address cannot be bound.
         ValueError: ``max_inflight_rpcs`` is neither a count >= 0 nor "auto".
     """
-    if max_inflight_rpcs != AUTO and not (max_inflight_rpcs is None or (isinstance(max_inflight_rpcs, int) and max_inflight_rpcs >= 0)):
+    counted = max_inflight_rpcs is None or (isinstance(max_inflight_rpcs, int) and max_inflight_rpcs >= 0)
+    if max_inflight_rpcs != AUTO and not counted:
         raise ValueError(f"max_inflight_rpcs must be a count >= 0 or 'auto', got {max_inflight_rpcs!r}")
     max_receive_bytes = max_receive_bytes or max_message_bytes
     options = [

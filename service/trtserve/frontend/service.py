@@ -169,7 +169,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 log.info("front end: no bound on requests in progress (a model admits requests without a deadline "
                          "into an unbounded queue: set default_timeout or max_queue_size, or --max-inflight-rpcs)")
             else:
-                log.info("front end: at most %d requests in progress (measured capacity x longest default timeout)", limit)
+                log.info("front end: at most %d requests in progress (measured capacity x longest default timeout)",
+                         limit)
             self._bound_logged = True
         self.admission.limit = limit
         self.admission.limit_source = f"--max-inflight-rpcs auto: {limit}, measured capacity x longest default timeout"
