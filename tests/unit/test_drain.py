@@ -116,6 +116,14 @@ def test_a_request_alone_is_not_capped_by_its_own_deadline():
     assert wait.finish == pytest.approx(0.018) and wait.refusal(0.025) is None
 
 
+def test_a_request_of_more_rows_than_measured_is_not_refused_on_an_extrapolation():
+    latency = LatencyModel()
+    latency.observe(1, 0.2)  # only batches of one measured: 200 ms
+    wait = predict([], 1, 1.0, 8, 1, now=0.0, free_at=[0.0], cap=8, latency=latency)
+    assert wait.alone == pytest.approx(0.2)  # at least a batch of one's time, not 8 x 200 ms
+    assert wait.refusal(1.0) is None
+
+
 def test_one_measurement_is_not_scaled_up_in_proportion_to_rows():
     latency = LatencyModel()
     latency.observe(1, 0.2)  # one batch of one: 200 ms

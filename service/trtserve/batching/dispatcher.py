@@ -288,7 +288,11 @@ class Dispatcher:
             return
         self.queue.remove(entry)
         self.stats.expired_before_run += 1
-        _fail(entry, RequestTimeout("the request's deadline passed while it was queued; it was not run"))
+        now = self.clock.now()
+        remaining = max(entry.deadline - now, 0.0) * 1e3
+        _fail(entry, RequestTimeout(
+            f"the request's deadline ({remaining:.1f} ms away) came before a batch of its rows could finish after "
+            f"{(now - entry.arrival) * 1e3:.1f} ms in the queue; it was not run"))
 
     def _launch(self, pieces: list[Piece], cpu_mark: float) -> None:
         """Start ``pieces`` as one batch on an idle slot; ``cpu_mark``: the host CPU counter

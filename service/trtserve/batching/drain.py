@@ -65,14 +65,14 @@ HINT_REFRESH_S = 0.001
 
 
 def batch_floor(latency: LatencyModel, cap: int, length: int) -> float:
-    """Least run time (seconds) of a full batch of ``cap`` rows padded to ``length``: the latency
-    model's low estimate at ``cap`` rows, but no more than at the largest row bucket measured at
-    that length. (With a single measurement the model scales run time in proportion to rows,
-    which above it is no lower bound: a batch of more rows takes at least as long, and no more
-    is known.)"""
-    measured = [rows for rows in latency.curve(length) if rows <= cap]
+    """Least run time (seconds) of a batch of ``cap`` rows padded to ``length``: the latency
+    model's low estimate at ``cap`` rows, but above the largest row bucket measured at that
+    length no more than there. (Beyond its measurements the model extrapolates, in proportion
+    to rows after a single one, which is no lower bound: a batch of more rows takes at least as
+    long, and no more is known.)"""
     low = latency.lower_bound(cap, length)
-    return min(low, latency.lower_bound(max(measured), length)) if measured else low
+    top = max(latency.curve(length), default=0)
+    return min(low, latency.lower_bound(top, length)) if 0 < top < cap else low
 
 
 def deadline_batch(latency: LatencyModel, cap: int, length: int, budget: float) -> int:
@@ -186,7 +186,7 @@ def predict(entries: Sequence[QueueEntry], priority: float, deadline: float, row
         full = batch_floor(latency, cap, int(shortest)) / cap
         capped = row_cost(latency, cap, int(shortest), deadline - now) if level else full
     ahead = urgent * full + level * capped
-    run = latency.lower_bound(min(max(rows, 1), cap), length)
+    run = batch_floor(latency, min(max(rows, 1), cap), length)
     return Wait(now, fill(free_at, ahead), max(fill(free_at, ahead + rows * full), free_at[0] + run), now + run)
 
 

@@ -169,11 +169,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 log.info("front end: no bound on requests in progress (a model admits requests without a deadline "
                          "into an unbounded queue: set default_timeout or max_queue_size, or --max-inflight-rpcs)")
             else:
-                log.info("front end: at most %d requests in progress (measured capacity x longest default timeout)",
-                         limit)
+                log.info("front end: at most %d requests in progress (the models' measured capacity x longest "
+                         "default timeout, or their queue sizes, plus a batch per slot)", limit)
             self._bound_logged = True
         self.admission.limit = limit
-        self.admission.limit_source = f"--max-inflight-rpcs auto: {limit}, measured capacity x longest default timeout"
+        self.admission.limit_source = f"--max-inflight-rpcs auto: {limit}, from the models' capacity and deadlines or queue sizes"
 
     async def loaded(self) -> None:
         """Wait for the engine core's model table, load each served version's handler (off
