@@ -71,7 +71,7 @@ def batch_floor(latency: LatencyModel, cap: int, length: int) -> float:
     to rows after a single one, which is no lower bound: a batch of more rows takes at least as
     long, and no more is known.)"""
     low = latency.lower_bound(cap, length)
-    top = max(latency.curve(length), default=0)
+    top = latency.top_rows(length)
     return min(low, latency.lower_bound(top, length)) if 0 < top < cap else low
 
 

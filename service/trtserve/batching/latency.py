@@ -126,6 +126,12 @@ class LatencyModel:
         factor = lb / near if scale_up else min(1.0, lb / near)
         return _interpolate(self._points[near], max(rows, 1), column) * factor
 
+    def top_rows(self, length: int = 1) -> int:
+        """The largest row bucket measured at ``length``'s bucket (0 for none): where the
+        predictions stop being measurements and become extrapolations."""
+        table = self._tables.get(bucket(length))
+        return max(table) if table else 0
+
     def curve(self, length: int = 1) -> dict[int, float]:
         """Row bucket → predicted seconds of a batch of that many rows at ``length``
         (for metrics, the adaptive batch size and ``trtserve profile``)."""

@@ -307,7 +307,7 @@ def _engine_rows(least: int, length: int, inputs: Inputs, latency: LatencyModel)
     them keeps up, the cap if the curve is measured up to it, else ``least`` (no wait on a
     guess)."""
     per_slot = inputs.arrival_rate / max(inputs.slots, 1)
-    top = max(latency.curve(length), default=0)
+    top = latency.top_rows(length)
     for n in range(least, min(inputs.cap, top) + 1):
         if per_slot * latency.predict(n, length) <= n:
             return n
