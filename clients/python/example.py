@@ -7,7 +7,6 @@ Start a server first (`make serve`). Exits non-zero if an answer is not what it 
 
 from __future__ import annotations
 
-import sys
 
 import grpc
 import numpy as np
@@ -47,4 +46,8 @@ def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:8001")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url", nargs="?", default="127.0.0.1:8001", help="server HOST:PORT (default: 127.0.0.1:8001)")
+    main(parser.parse_args().url)

@@ -9,7 +9,6 @@ Start a server first (`make serve`). Exits non-zero if an answer is not what it 
 from __future__ import annotations
 
 import queue
-import sys
 
 import numpy as np
 import tritonclient.grpc as tc
@@ -62,4 +61,8 @@ def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:8001")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url", nargs="?", default="127.0.0.1:8001", help="server HOST:PORT (default: 127.0.0.1:8001)")
+    main(parser.parse_args().url)
