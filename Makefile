@@ -61,7 +61,7 @@ fuzz: engine
 ## Not part of CI.
 SOAK_SECONDS ?= 600
 soak: engine
-	$(PY) -m trtserve.tools.soak --model-repository engines --duration $(SOAK_SECONDS) --data $(DATA)
+	$(PY) -m trtserve.harness.soak --model-repository engines --duration $(SOAK_SECONDS) --data $(DATA)
 
 ## reliability: the failure-case tests that assert wall-clock latencies (C06, C08, C10, C25, C29, C37); run
 ## them on a quiet machine — on a loaded 2-core box they measure the load, not trtserve

@@ -22,7 +22,7 @@ def loadgen_binary() -> Path:
     """The Go open-loop load generator, built by `make loadgen`. Skipped while it is not built
     (`make test` runs before CI installs Go); `clients/run_all.sh go` sets
     TRTSERVE_REQUIRE_LOADGEN=1, which turns that skip into a failure."""
-    from trtserve.tools.benchlib.goclient import LOADGEN, unavailable_reason
+    from trtserve.harness.benchlib.goclient import LOADGEN, unavailable_reason
 
     reason = unavailable_reason(LOADGEN)
     if reason is not None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtserve.batching.simulate import SimEngine as FakeBackend
-from trtserve.runtimes.base import Tensors
+from trtserve.batching.simulator import SimEngine as FakeBackend
+from trtserve.datatypes import Tensors
 
 __all__ = ["FakeBackend", "rows"]
 

@@ -24,10 +24,10 @@ from trtserve.client import Client
 from trtserve.clock import MonotonicClock
 from trtserve.engine.core import EngineCore
 from trtserve.engine.lifecycle import LifecycleConfig
-from trtserve.frontend.engine_client import EngineClient
-from trtserve.frontend.lifecycle import drain
-from trtserve.frontend.server import start_frontend
-from trtserve.repository import Repository
+from trtserve.ipc.client import EngineClient
+from trtserve.frontend.drain import drain
+from trtserve.frontend.grpc.server import start_frontend
+from trtserve.engine.registry import ModelRegistry
 
 
 class ServerThread:
@@ -93,7 +93,7 @@ class ServerThread:
 
     async def _start(self) -> None:
         clock = MonotonicClock()
-        self.repository = Repository(self.root, clock=clock, backend_factory=partial(runtimes.create))
+        self.repository = ModelRegistry(self.root, clock=clock, backend_factory=partial(runtimes.create))
         self._dir = tempfile.mkdtemp(prefix="trtserve-test-")
         address = f"ipc://{self._dir}/engine.sock"
         self.core = EngineCore(self.repository, address, metrics_port=self._metrics_port, lifecycle=self.lifecycle)
@@ -116,14 +116,14 @@ class ServerThread:
         """The engine core's metrics port, once every request answered so far is counted there
         (the front ends ship their records over ZeroMQ; a query goes behind them)."""
         for engine in self.engines:
-            self.call(engine.query("server_ready"))
+            self.call(engine.server_ready())
         assert self.core.metrics is not None
         return self.core.metrics.port
 
     @property
     def admitted(self) -> int:
         """Requests admitted and not yet released, over every front end."""
-        return sum(s.admission.active for s in self.services)
+        return sum(s.inflight.active for s in self.services)
 
     async def _stop(self, grace: float) -> None:
         await asyncio.gather(*(drain(server, service, grace) for server, service in zip(self.servers, self.services)))

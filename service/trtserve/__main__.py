@@ -1,6 +1,6 @@
 import sys
 
-from .cli import main
+from trtserve.cli import main
 
 # Guarded: the supervisor's child processes are spawned, and spawn imports this module again.
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ import os
 import sys
 from pathlib import Path
 
-from .client import AUTH_TOKEN_ENV, read_token_file
-from .engine.lifecycle import DEFAULT_POLL_SECS, ControlMode, LifecycleConfig
-from .frontend.service import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT
+from trtserve.client import AUTH_TOKEN_ENV, read_token_file
+from trtserve.engine.lifecycle import DEFAULT_POLL_SECS, ControlMode, LifecycleConfig
+from trtserve.frontend.grpc.service import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT
 
 log = logging.getLogger("trtserve")
 
@@ -119,26 +119,30 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
                        help="true: ServerReady and health wait for every model asked for; false: for the server to "
                             "be up and answering (default: true)")
 
-    for name, help_text in TOOLS.items():
+    for name, (_module, help_text) in TOOLS.items():
         tool = sub.add_parser(name, help=help_text)
         _add_repository(tool)
         if name == selected:
-            importlib.import_module(f"trtserve.tools.{name}").add_arguments(tool)
+            importlib.import_module(TOOLS[name][0]).add_arguments(tool)
     _env_defaults(parser)
     _env_defaults(serve)
     return parser
 
 
-# Subcommands implemented in trtserve/tools/<name>.py: add_arguments(parser) and run(args) -> int.
+# Subcommands: name → (module with add_arguments(parser) and run(args) -> int, help). The user
+# tools are in trtserve/tools/; the developer harness (bench, simulate) in trtserve/harness/.
 TOOLS = {
-    "build": "build every model of the repository (ONNX exports, test models, TensorRT plans)",
-    "demo": "the main job on real data: STS-B dev through a live server, then a corpus embed",
-    "check": "check that a model (and its handler) gives the same answers batched as alone",
-    "bench": "served throughput and latency against the raw engine, in one run, with plots",
-    "simulate": "compare dispatch policies (fixed timers vs adaptive) on the same simulated arrival trace",
-    "profile": "measure a model's throughput and latency against batch size and recommend max_batch_size",
-    "policy": "read or change a running model's batching policy (ModelControl RPC)",
-    "bulk": "run a model over a whole file (JSONL/CSV/Parquet) through servers or Ray into Parquet, resumably",
+    "build": ("trtserve.tools.build", "build every model of the repository (ONNX exports, test models, TensorRT plans)"),
+    "demo": ("trtserve.tools.demo", "the main job on real data: STS-B dev through a live server, then a corpus embed"),
+    "check": ("trtserve.tools.check", "check that a model (and its handler) gives the same answers batched as alone"),
+    "bench": ("trtserve.harness.bench", "served throughput and latency against the raw engine, in one run, with plots"),
+    "simulate": ("trtserve.harness.simulate",
+                 "compare dispatch policies (fixed timers vs adaptive) on the same simulated arrival trace"),
+    "profile": ("trtserve.tools.profile",
+                "measure a model's throughput and latency against batch size and recommend max_batch_size"),
+    "policy": ("trtserve.tools.policy", "read or change a running model's batching policy (ModelControl RPC)"),
+    "bulk": ("trtserve.tools.bulk",
+             "run a model over a whole file (JSONL/CSV/Parquet) through servers or Ray into Parquet, resumably"),
 }
 
 
@@ -147,20 +151,20 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     selected = next((a for a in argv if a in TOOLS), None)
     args = build_parser(selected).parse_args(argv)
-    from . import logs
+    from trtserve import logs
 
     logs.configure(args.log_level, args.log_format, args.log_requests)
     if args.command in TOOLS:
-        return importlib.import_module(f"trtserve.tools.{args.command}").run(args)
+        return importlib.import_module(TOOLS[args.command][0]).run(args)
     return cmd_serve(args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT, then drain (a second signal exits at once): the process
-    tree of :mod:`trtserve.supervisor`."""
-    from .repository import ConfigError, check_repository
-    from .serving import ServeConfig, default_frontends
-    from .supervisor import serve
+    tree of :mod:`trtserve.serving.supervisor`."""
+    from trtserve.repository import ConfigError, check_repository
+    from trtserve.serving.settings import ServeConfig, default_frontends
+    from trtserve.serving.supervisor import serve
 
     try:
         check_repository(args.model_repository)
@@ -227,7 +231,7 @@ def _lifecycle(args: argparse.Namespace) -> LifecycleConfig:
         ValueError: ``--load-model`` outside explicit mode or naming no model of the
             repository, ``--repository-poll-secs`` outside poll mode or not > 0.
     """
-    from .repository import model_dirs
+    from trtserve.repository import model_dirs
 
     mode = ControlMode(args.model_control_mode)
     if args.repository_poll_secs is not None and mode is not ControlMode.POLL:
@@ -251,7 +255,7 @@ def _security(args: argparse.Namespace) -> dict[str, object]:
     Raises:
         ValueError: an incomplete TLS pair, a CA without TLS, or an unreadable or empty file.
     """
-    from .frontend.security import TlsConfig
+    from trtserve.frontend.grpc.security import TlsConfig
 
     out: dict[str, object] = {}
     if bool(args.tls_cert) != bool(args.tls_key):

@@ -92,7 +92,7 @@ class QueueFull(Retryable):
 
 class Overloaded(Retryable):
     """Refused at admission: the deadline could be met by an idle server, but not behind the
-    work queued ahead of this request (its predicted queue wait, :mod:`trtserve.batching.drain`);
+    work queued ahead of this request (its predicted queue wait, :mod:`trtserve.batching.wait`);
     retry on another server or later."""
 
     refusal = "queue_wait"

@@ -29,7 +29,7 @@ import importlib.util
 import sys
 from typing import Any
 
-from .spec import ModelSpec
+from trtserve.spec import ModelSpec
 
 HANDLER_FILE = "handler.py"
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import BatchingPolicy
-from .protocol.datatypes import Datatype
+from trtserve.config import BatchingPolicy
+from trtserve.datatypes import Datatype
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import tritonclient.grpc as tc
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from trtserve.tools.process import ServerProcess
+from trtserve.tools.child_server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

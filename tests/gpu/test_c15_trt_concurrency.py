@@ -33,8 +33,9 @@ def trt(device_info):
 def test_two_trt_slots_under_16_clients_match_the_sequential_reference(trt, tmp_path, precision):
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
-    from trtserve.frontend.local import local_model
-    from trtserve.repository import ModelState, Repository
+    from trtserve.engine.local import local_model
+    from trtserve.engine.registry import ModelRegistry
+    from trtserve.ipc.engine import ModelState
 
     model_dir = _copy_model("tiny", tmp_path)
     _build(model_dir, precision, tmp_path / "timing.cache")
@@ -47,7 +48,7 @@ def test_two_trt_slots_under_16_clients_match_the_sequential_reference(trt, tmp_
 
     async def go():
         pool = ThreadPoolExecutor(2)
-        repo = Repository(tmp_path, clock=MonotonicClock(), backend_factory=runtimes.create)
+        repo = ModelRegistry(tmp_path, clock=MonotonicClock(), backend_factory=runtimes.create)
         await repo.load_all()
         try:
             entry = repo.models["tiny"]

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from trtserve.protocol.datatypes import DATATYPES
+from trtserve.datatypes import DATATYPES
 from trtserve.runtimes import cuda
 from trtserve.runtimes.base import Batch, StagingBuffers, pack
 from trtserve.spec import TensorSpec

@@ -179,15 +179,16 @@ def test_the_server_serves_a_built_plan_with_tensorrt(trt, tmp_path):
 
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
-    from trtserve.frontend.local import local_model
-    from trtserve.repository import ModelState, Repository
+    from trtserve.engine.local import local_model
+    from trtserve.engine.registry import ModelRegistry
+    from trtserve.ipc.engine import ModelState
 
     model_dir = _copy_model("tiny", tmp_path)
     _build(model_dir, "fp32", tmp_path / "timing.cache")
 
     async def go():
         pool = ThreadPoolExecutor(1)
-        repo = Repository(tmp_path, clock=MonotonicClock(), backend_factory=runtimes.create)
+        repo = ModelRegistry(tmp_path, clock=MonotonicClock(), backend_factory=runtimes.create)
         await repo.load_all()
         try:
             entry = repo.models["tiny"]

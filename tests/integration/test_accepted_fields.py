@@ -16,7 +16,7 @@ from google.protobuf import text_format
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import model_config_pb2 as mc
 from trtserve.client import build_request
-from trtserve.frontend.service import NOT_IMPLEMENTED
+from trtserve.frontend.grpc.service import NOT_IMPLEMENTED
 from trtserve.repository import HONOURED_CONTAINERS, HONOURED_FIELDS, ConfigError, load_spec
 
 from servers import code_of

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from trtserve.client import CHANNEL_OPTIONS, build_request
-from trtserve.tools.benchlib.goclient import GoLoadgen
-from trtserve.tools.benchlib.load import LoadGenerator, open_channels
+from trtserve.harness.benchlib.goclient import GoLoadgen
+from trtserve.harness.benchlib.load import LoadGenerator, open_channels
 
 TIGHT_S, LOOSE_S = 0.002, 30.0
 ARRIVALS = np.linspace(0.5, 0.8, 8)

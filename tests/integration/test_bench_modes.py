@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from trtserve.cli import build_parser
-from trtserve.tools import bench
+from trtserve.harness import bench
 
 QUICK = [
     "--models", "tiny", "--modes", "overload,mixed,policy", "--policies", "adaptive,fixed:2", "--concurrency", "4",

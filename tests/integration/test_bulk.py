@@ -31,7 +31,7 @@ pa = pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
 from trtserve.tools.bulklib.sink import PartStore  # noqa: E402
-from trtserve.tools.process import ServerProcess  # noqa: E402
+from trtserve.tools.child_server import ServerProcess  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "corpus" / "multi30k_en_captions.jsonl.gz"
 TINY_ROWS = 10_000

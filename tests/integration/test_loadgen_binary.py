@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from trtserve.client import build_request
-from trtserve.tools.benchlib.goclient import read_records, schedule_rows, write_messages
+from trtserve.harness.benchlib.goclient import read_records, schedule_rows, write_messages
 
 GRPC_OK, GRPC_DEADLINE_EXCEEDED = 0, 4
 

@@ -15,7 +15,7 @@ import pytest
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request
-from trtserve.testmodels import config_text, mean_over_sequence, write_model
+from trtserve.tools.testmodels import config_text, mean_over_sequence, write_model
 from trtserve.tools.check import check_model
 from trtserve.tools.demo import REFERENCE_SPEARMAN, embed_stream, read_stsb, spearman_of_cosines
 

@@ -24,7 +24,7 @@ import pytest
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request
 from trtserve.tools.demo import read_stsb
-from trtserve.tools.process import ServerProcess
+from trtserve.tools.child_server import ServerProcess
 
 ENGINES = Path(__file__).resolve().parents[2] / "engines"
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"

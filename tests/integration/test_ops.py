@@ -37,8 +37,8 @@ from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import Client, Credentials, build_request
 from trtserve.errors import InvalidRequest
 from trtserve.protocol import codec
-from trtserve.testmodels import config_text, identity, write_model
-from trtserve.tools.process import ServerProcess
+from trtserve.tools.testmodels import config_text, identity, write_model
+from trtserve.tools.child_server import ServerProcess
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -492,7 +492,7 @@ def live(url: str, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCo
 
 
 def test_tls_server_needs_a_client_that_trusts_its_ca(make_server, tmp_path, certs):
-    from trtserve.frontend.security import TlsConfig
+    from trtserve.frontend.grpc.security import TlsConfig
 
     write_identity(tmp_path)
     srv = make_server(tmp_path, tls=TlsConfig(certs["server_cert"], certs["server_key"]))
@@ -502,7 +502,7 @@ def test_tls_server_needs_a_client_that_trusts_its_ca(make_server, tmp_path, cer
 
 
 def test_mutual_tls_refuses_a_client_without_a_certificate(make_server, tmp_path, certs):
-    from trtserve.frontend.security import TlsConfig
+    from trtserve.frontend.grpc.security import TlsConfig
 
     write_identity(tmp_path)
     srv = make_server(tmp_path, tls=TlsConfig(certs["server_cert"], certs["server_key"], client_ca=certs["ca"]))
@@ -559,7 +559,7 @@ def test_bulk_job_over_mutual_tls_with_a_token(make_server, tmp_path, certs):
     requires all of them: every row comes back exact."""
     import pyarrow.parquet as pq
 
-    from trtserve.frontend.security import TlsConfig
+    from trtserve.frontend.grpc.security import TlsConfig
 
     write_identity(tmp_path / "repo")
     srv = make_server(tmp_path / "repo", tls=TlsConfig(certs["server_cert"], certs["server_key"], client_ca=certs["ca"]),

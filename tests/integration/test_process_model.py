@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request
-from trtserve.tools.process import ServerProcess
+from trtserve.tools.child_server import ServerProcess
 
 from reliability.harness import gate_batches, wait_for, write_gate
 

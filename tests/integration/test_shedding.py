@@ -29,7 +29,7 @@ from trtserve.batching.capacity import best_rows_per_second
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request
 from trtserve.engine.lifecycle import ControlMode, LifecycleConfig
-from trtserve.tools.process import ServerProcess
+from trtserve.tools.child_server import ServerProcess
 
 
 def row(rid: float):
@@ -192,7 +192,7 @@ def test_the_automatic_inflight_bound_is_capacity_times_the_default_timeout(make
     write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=500,
                 dynamic="default_queue_policy { default_timeout_microseconds: 2000000 }")
     srv = make_server(tmp_path, frontends=1, max_inflight_rpcs="auto")
-    admission = srv.service.admission
+    admission = srv.service.inflight
     assert wait_for(lambda: admission.limit is not None, 10)
     capacity = best_rows_per_second(srv.repository.get("slow").dispatcher)
     assert 0 < capacity <= 2.0
@@ -205,7 +205,7 @@ def test_the_automatic_inflight_bound_of_bounded_queues_refuses_the_rest(make_se
     # No default timeout, but a queue of 2: 2 queued and 1 running are all worth holding.
     write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=500, dynamic="default_queue_policy { max_queue_size: 2 }")
     srv = make_server(tmp_path, frontends=1, max_inflight_rpcs="auto")
-    assert wait_for(lambda: srv.service.admission.limit == 3, 10)
+    assert wait_for(lambda: srv.service.inflight.limit == 3, 10)
     with srv.client() as c, ThreadPoolExecutor(3) as pool:
         held = [pool.submit(c.infer, "slow", row(1.0 + i), timeout=60) for i in range(3)]
         assert wait_for(lambda: srv.admitted == 3, 10)
@@ -221,7 +221,7 @@ def test_the_automatic_inflight_bound_follows_the_models_loaded_and_unloaded(mak
     write_probe(tmp_path, "b", max_batch_size=1, batch_ms=50, dynamic="default_queue_policy { max_queue_size: 3 }")
     srv = make_server(tmp_path, frontends=1, max_inflight_rpcs="auto",
                       lifecycle=LifecycleConfig(mode=ControlMode.EXPLICIT, load_models=("a",)))
-    admission = srv.service.admission
+    admission = srv.service.inflight
     assert wait_for(lambda: admission.limit == 3, 10)
     with srv.client() as c:
         c.stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="b"), timeout=60)
@@ -232,11 +232,11 @@ def test_the_automatic_inflight_bound_follows_the_models_loaded_and_unloaded(mak
 
 def test_without_deadlines_or_queue_bounds_there_is_no_automatic_bound(make_server, tmp_path, caplog):
     write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=10)
-    with caplog.at_level(logging.INFO, logger="trtserve.frontend.service"):
+    with caplog.at_level(logging.INFO, logger="trtserve.frontend.grpc.service"):
         srv = make_server(tmp_path, frontends=1, max_inflight_rpcs="auto")
         with srv.client() as c:
             np.testing.assert_array_equal(c.infer("slow", row(3.0))["OUTPUT0"], row(3.0)["INPUT0"])
-    assert srv.service.admission.limit is None
+    assert srv.service.inflight.limit is None
     assert "no bound on requests in progress" in caplog.text  # the bound was computed, and said so
 
 

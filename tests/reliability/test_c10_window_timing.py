@@ -36,7 +36,7 @@ import pytest
 from harness import probe, read_log, row, write_probe
 
 from trtserve.client import Client, build_request
-from trtserve.tools.process import ServerProcess
+from trtserve.tools.child_server import ServerProcess
 
 
 @pytest.fixture(scope="module")

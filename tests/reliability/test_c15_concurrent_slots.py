@@ -23,10 +23,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from trtserve.protocol.datatypes import DATATYPES
+from trtserve.datatypes import DATATYPES
 from trtserve.runtimes.base import Batch, StagingBuffers, pack, unpack
 from trtserve.spec import TensorSpec
-from trtserve.testmodels import tiny_mlp
+from trtserve.tools.testmodels import tiny_mlp
 
 FP32 = DATATYPES["FP32"]
 
@@ -52,7 +52,7 @@ def test_pack_and_unpack_round_trip_every_piece_into_staging_and_raw_buffers():
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     from servers import ServerThread
-    from trtserve.testmodels import config_text, write_model
+    from trtserve.tools.testmodels import config_text, write_model
 
     root = tmp_path_factory.mktemp("c15")
     write_model(root, "tiny", tiny_mlp(), config_text(

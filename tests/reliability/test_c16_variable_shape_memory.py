@@ -30,8 +30,8 @@ import numpy as np
 from harness import rss_bytes
 
 from trtserve.client import Client
-from trtserve.testmodels import _model, config_text, write_model
-from trtserve.tools.process import ServerProcess
+from trtserve.tools.testmodels import _model, config_text, write_model
+from trtserve.tools.child_server import ServerProcess
 
 REQUESTS, CONTROL = 1200, 300
 

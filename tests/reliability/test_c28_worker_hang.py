@@ -34,7 +34,7 @@ import pytest
 from harness import wait_for
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request, parse_response
-from trtserve.tools.process import ServerProcess
+from trtserve.tools.child_server import ServerProcess
 
 HANGY = """
     import os

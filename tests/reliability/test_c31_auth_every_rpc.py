@@ -29,7 +29,7 @@ from harness import read_log, row, write_probe
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.trtserve.v1 import control_pb2
 from trtserve.client import build_request
-from trtserve.tools.process import ServerProcess
+from trtserve.tools.child_server import ServerProcess
 
 TOKEN = "c31-Secret-token"
 BAD = {

@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request
-from trtserve.tools.process import ServerProcess
+from trtserve.tools.child_server import ServerProcess
 
 MODELS = ("identity_fp32", "py", "q2")
 HELD_ID = 99.0  # the q2 row that holds its only slot (the gate model) while the others arrive

@@ -34,7 +34,7 @@ from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.batching import dispatcher as dispatcher_module
 from trtserve.client import build_request
-from trtserve.tools.process import ServerProcess
+from trtserve.tools.child_server import ServerProcess
 
 
 def call(stub, request, timeout=30.0):

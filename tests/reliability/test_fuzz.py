@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request, parse_response
-from trtserve.protocol.datatypes import DATATYPES
+from trtserve.datatypes import DATATYPES
 
 EXAMPLES = int(os.environ.get("TRTSERVE_FUZZ_EXAMPLES", "150"))
 ENGINES = Path(__file__).resolve().parents[2] / "engines"

@@ -9,8 +9,8 @@ import struct
 import numpy as np
 import pytest
 
-from trtserve.tools.benchlib.goclient import RECORD, add_records, read_records, schedule_rows, write_messages
-from trtserve.tools.benchlib.load import Recorder
+from trtserve.harness.benchlib.goclient import RECORD, add_records, read_records, schedule_rows, write_messages
+from trtserve.harness.benchlib.load import Recorder
 
 
 def test_messages_are_written_length_prefixed_little_endian(tmp_path):
@@ -49,7 +49,7 @@ def test_a_truncated_records_file_is_refused(tmp_path):
 
 
 def test_the_client_flag_picks_go_only_when_built_and_says_so_when_it_falls_back(monkeypatch, tmp_path, capsys):
-    from trtserve.tools import bench
+    from trtserve.harness import bench
 
     monkeypatch.setattr(bench, "LOADGEN", tmp_path / "loadgen")
     assert bench._open_loop_client("auto") is False

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtserve.tools.benchlib.deadlines import DeadlineClass, deadline_class, deadline_us
-from trtserve.tools.benchlib.overload import (
+from trtserve.harness.benchlib.deadlines import DeadlineClass, deadline_class, deadline_us
+from trtserve.harness.benchlib.overload import (
     MIXED_MODE, OVERLOAD_MODE, format_mixed_table, format_overload_table, mixed_deadlines_us, mixed_targets, overload_targets,
 )
-from trtserve.tools.benchlib.report import Measurement, Point, Snapshot, summarize
+from trtserve.harness.benchlib.report import Measurement, Point, Snapshot, summarize
 
 
 def test_deadlines_scale_with_the_batch_of_one_and_never_fall_below_the_floor():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtserve.tools.benchlib.policies import CLOSED_MODE, OPEN_MODE, PolicyChoice, format_policy_table, goodput, miss_share, parse_policies, policy_targets
-from trtserve.tools.benchlib.raw import batch_sizes
-from trtserve.tools.benchlib.report import (
+from trtserve.harness.benchlib.policies import CLOSED_MODE, OPEN_MODE, PolicyChoice, format_policy_table, goodput, miss_share, parse_policies, policy_targets
+from trtserve.harness.benchlib.raw import batch_sizes
+from trtserve.harness.benchlib.report import (
     Measurement,
     Point,
     RawReference,
@@ -22,9 +22,9 @@ from trtserve.tools.benchlib.report import (
     ratio,
     summarize,
 )
-from trtserve.tools.benchlib.compare import ONE_CONNECTION_MODE, anchor_targets, comparison_rows, format_comparison
-from trtserve.tools.benchlib.proctree import tree_cpu_seconds_of, tree_rss_bytes_of
-from trtserve.tools.benchlib.workload import poisson_arrivals
+from trtserve.harness.benchlib.compare import ONE_CONNECTION_MODE, anchor_targets, comparison_rows, format_comparison
+from trtserve.harness.benchlib.proctree import tree_cpu_seconds_of, tree_rss_bytes_of
+from trtserve.harness.benchlib.workload import poisson_arrivals
 
 
 def snap(cpu: float = 0.0, client: float = 0.0, rows: int = 0, runs: int = 0, batches: dict[int, int] | None = None) -> Snapshot:

@@ -9,7 +9,7 @@ import numpy as np
 
 from fakes import FakeBackend, rows
 from trtserve.batching.dispatcher import Dispatcher
-from trtserve.batching.simulate import affine
+from trtserve.batching.simulator import affine
 from trtserve.clock import FakeClock, settle
 from trtserve.config import BatchingPolicy
 from trtserve.errors import Overloaded

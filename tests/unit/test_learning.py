@@ -14,9 +14,9 @@ from trtserve.config import BatchingPolicy
 from trtserve.batching.dispatcher import CAP_REFRESH_BATCHES, Dispatcher
 from trtserve.batching.latency import LatencyModel
 from trtserve.batching.policy import adaptive_cap
-from trtserve.batching.simulate import affine, bursty_trace, poisson_trace, simulate
+from trtserve.batching.simulator import affine, bursty_trace, poisson_trace, simulate
 from trtserve.clock import FakeClock, settle
-from trtserve.tools.simulate import compare
+from trtserve.harness.simulate import compare
 
 
 def test_latency_model_converges_to_the_engine_curve_and_follows_drift():

@@ -16,9 +16,9 @@ import asyncio
 
 import pytest
 
-from trtserve.batching.simulate import HostCost, affine, poisson_trace, simulate
+from trtserve.batching.simulator import HostCost, affine, poisson_trace, simulate
 from trtserve.config import BatchingPolicy
-from trtserve.tools.simulate import (
+from trtserve.harness.simulate import (
     LOOSE_MISS, OVERLOAD_GOODPUT_SHARE, TIE, TIGHT_MISS, capacity, mixed, overload, overload_peak, tight_deadline,
 )
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from trtserve.errors import BackendError, InvalidRequest
-from trtserve.protocol.datatypes import DATATYPES
+from trtserve.datatypes import DATATYPES
 from trtserve.runtimes import cuda
 from trtserve.runtimes.base import Batch, StagingBuffers, pack, padded_shape, unpack, view_into
 from trtserve.runtimes.tensorrt import (
@@ -381,8 +381,10 @@ def _write_model(root: Path, name: str, config: str, files: dict[str, bytes]) ->
 def test_a_plan_model_is_not_ready_with_the_reason_while_others_serve(tmp_path, engines):
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
-    from trtserve.frontend.local import local_model
-    from trtserve.repository import ModelState, Repository, load_spec
+    from trtserve.engine.local import local_model
+    from trtserve.engine.registry import ModelRegistry
+    from trtserve.ipc.engine import ModelState
+    from trtserve.repository import load_spec
 
     onnx = (engines / "tiny" / "1" / "model.onnx").read_bytes()
     tiny_config = (engines / "tiny" / "config.pbtxt").read_text()
@@ -400,7 +402,7 @@ def test_a_plan_model_is_not_ready_with_the_reason_while_others_serve(tmp_path, 
 
     async def go():
         pool = ThreadPoolExecutor(1)
-        repo = Repository(root, clock=MonotonicClock(), backend_factory=runtimes.create)
+        repo = ModelRegistry(root, clock=MonotonicClock(), backend_factory=runtimes.create)
         await repo.load_all()
         try:
             states = {name: (e.state, e.reason) for name, e in repo.models.items()}

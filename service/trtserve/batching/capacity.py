@@ -3,7 +3,7 @@
 A request beyond ``capacity × wait`` would wait longer than ``wait`` behind the ones already
 admitted, past any deadline it may have, so it is better refused at once: the front end's
 admission (``trtserve serve --max-inflight-rpcs``,
-:class:`~trtserve.frontend.lifecycle.Admission`) answers it RESOURCE_EXHAUSTED before its
+:class:`~trtserve.frontend.inflight.InflightGate`) answers it RESOURCE_EXHAUSTED before its
 tensors are decoded. The bound is trtserve's, not grpc's ``maximum_concurrent_rpcs``: that one
 counts every RPC, so under overload it would refuse health checks and ModelStatistics too (an
 orchestrator's probe failing on a busy server restarts it), and it is fixed when a server is
@@ -21,7 +21,7 @@ Per model (:func:`inflight_rows`):
   for more) admits requests that may wait as long as they like: the server cannot tell when
   holding one stops being useful. Then the model's bound is its queue sizes
   (``max_queue_size`` of every level) if they are all set, and otherwise there is none — and
-  so no bound for the front end (the queue-wait admission of :mod:`~trtserve.batching.drain`
+  so no bound for the front end (the queue-wait admission of :mod:`~trtserve.batching.wait`
   still refuses what carries a deadline it cannot meet).
 
 The server's bound is the sum over its models plus one full batch per slot running, recomputed
@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from .dispatcher import Dispatcher
+from trtserve.batching.dispatcher import Dispatcher
 
 
 def best_rows_per_second(dispatcher: Dispatcher) -> float:

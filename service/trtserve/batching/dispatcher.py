@@ -19,18 +19,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..clock import Clock, MonotonicClock
-from ..errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
-from ..runtimes.base import Abortable, Backend, Batch, unpack
-from ..config import BatchingPolicy, TimeoutAction
-from .budgets import DeadlineBudgets
-from .host import HostMeter
-from .drain import HINT_REFRESH_S, QueueHint, SlotEnds, Wait, predict, queue_hint
-from .latency import LatencyModel
-from .policy import Inputs, adaptive_cap, decide
-from .queue import Piece, QueueEntry, RequestQueue, Segment
-from .rate import ArrivalRate
-from .stats import DispatchStats
+from trtserve.clock import Clock, MonotonicClock
+from trtserve.errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
+from trtserve.runtimes.base import Abortable, Backend, Batch, unpack
+from trtserve.config import BatchingPolicy, TimeoutAction
+from trtserve.batching.budgets import DeadlineBudgets
+from trtserve.batching.host import HostMeter
+from trtserve.batching.wait import HINT_REFRESH_S, SlotEnds, Wait, predict, queue_hint
+from trtserve.ipc.admission import QueueHint
+from trtserve.batching.latency import LatencyModel
+from trtserve.batching.policy import Inputs, adaptive_cap, decide
+from trtserve.batching.queue import Piece, QueueEntry, RequestQueue
+from trtserve.datatypes import Tensors
+from trtserve.batching.rate import ArrivalRate
+from trtserve.batching.stats import DispatchStats
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +107,11 @@ class Dispatcher:
 
     def submit(
         self,
-        segments: list[Segment],
+        segments: list[Tensors],
         *,
         priority: int = 0,
         deadline: float = math.inf,
-    ) -> asyncio.Future[list[Segment]]:
+    ) -> asyncio.Future[list[Tensors]]:
         """Queue a request's engine rows. Returns at once; never blocks.
 
         Args:
@@ -127,7 +129,7 @@ class Dispatcher:
             QueueFull (RESOURCE_EXHAUSTED): the queue is at ``max_queue_size`` (retryable).
             Overloaded (RESOURCE_EXHAUSTED): an idle server could meet the deadline, but the
                 rows queued ahead of this request and the running batches leave no time
-                (:mod:`~trtserve.batching.drain`; the message gives the predicted wait in ms).
+                (:mod:`~trtserve.batching.wait`; the message gives the predicted wait in ms).
             DeadlineUnmeetable (DEADLINE_EXCEEDED): the deadline cannot be met even by its
                 rows run now on an idle slot (the latency model's low estimate).
         """
@@ -135,7 +137,7 @@ class Dispatcher:
             raise ShuttingDown("the server is shutting down and accepts no new requests")
         now = self.clock.now()
         level = self.policy.level(priority)
-        future: asyncio.Future[list[Segment]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[list[Tensors]] = asyncio.get_running_loop().create_future()
         entry = QueueEntry(segments, level, level, deadline, now, future)
         # Without a deadline nothing can be refused on time: skip the walk over the queue.
         refusal = self.predict_wait(level, deadline, entry.rows, entry.length).refusal(deadline) if deadline < math.inf else None
@@ -152,14 +154,14 @@ class Dispatcher:
 
     def predict_wait(self, priority: float, deadline: float, rows: int, length: int = 1) -> Wait:
         """The predicted wait of a request of ``rows`` rows padded to ``length`` arriving now at
-        level ``priority`` with ``deadline`` (monotonic seconds): see :func:`~trtserve.batching.drain.predict`.
+        level ``priority`` with ``deadline`` (monotonic seconds): see :func:`~trtserve.batching.wait.predict`.
         ``priority=math.inf``: behind everything queued (the drain time of the queue)."""
         now = self.clock.now()
         return predict(self.queue.entries, priority, deadline, rows, length, now=now,
                        free_at=self._ends.free_at(now, self._idle), cap=self.cap, latency=self.latency)
 
     def hint(self) -> QueueHint:
-        """The queue as front ends see it (:class:`~trtserve.batching.drain.QueueHint`), at
+        """The queue as front ends see it (:class:`~trtserve.batching.wait.QueueHint`), at
         most ``HINT_REFRESH_S`` old."""
         now = self.clock.now()
         if self._hint is None or now - self._hint_at > HINT_REFRESH_S:
@@ -349,7 +351,7 @@ class Dispatcher:
         if self.policy.adaptive_batch_size and self.stats.batches % CAP_REFRESH_BATCHES == 0:
             self.cap = adaptive_cap(self.latency, self.policy, length)
 
-    def _deliver(self, pieces: Sequence[Piece], batch: Batch, outputs: Segment) -> None:
+    def _deliver(self, pieces: Sequence[Piece], batch: Batch, outputs: Tensors) -> None:
         for name, arr in outputs.items():
             if arr.shape[:1] != (batch.rows,):
                 raise BackendError(
@@ -385,7 +387,7 @@ def _fail(entry: QueueEntry, exc: Exception) -> None:
         entry.future.set_exception(exc)
 
 
-def _concat(chunks: list[tuple[int, Segment]]) -> Segment:
+def _concat(chunks: list[tuple[int, Tensors]]) -> Tensors:
     """One segment's outputs from its pieces, in row order: pieces of a request split over
     several batches can finish in any order when the batches run on different slots."""
     if len(chunks) == 1:

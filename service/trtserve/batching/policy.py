@@ -39,9 +39,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..config import BatchingPolicy
-from .latency import LatencyModel
-from .queue import QueueEntry
+from trtserve.config import BatchingPolicy
+from trtserve.batching.latency import LatencyModel
+from trtserve.batching.queue import QueueEntry
 
 # A row whose deadline is within this many predicted full-batch run times is "near its
 # deadline": length bucketing never passes it over.

@@ -21,9 +21,9 @@ from itertools import count
 
 import numpy as np
 
-from ..errors import QueueFull
+from trtserve.datatypes import Tensors
+from trtserve.errors import QueueFull
 
-Segment = dict[str, np.ndarray]
 """Engine-input name → array with rows on axis 0."""
 
 _arrivals = count()
@@ -34,13 +34,13 @@ class QueueEntry:
     """One submitted request, as the dispatcher sees it.
 
     Attributes:
-        segments: the request's engine rows (see :data:`Segment`).
+        segments: the request's engine rows (see :data:`Tensors`).
         level: the priority level it was admitted at (its queue policy's key).
         priority: the level it is ordered by: 1 is the most urgent; ties break on deadline,
             then arrival. Starts as ``level``; ``TimeoutAction.DELAY`` moves it last.
         deadline: monotonic seconds by which the answer must be ready; ``math.inf`` for none.
         arrival: monotonic seconds when it was queued.
-        future: resolves to one output :data:`Segment` per input segment, in order.
+        future: resolves to one output :data:`Tensors` per input segment, in order.
         rows: rows not yet taken into a batch.
         running: pieces of this entry now inside a running batch.
         seg_index, seg_offset: where the next untaken row is.
@@ -50,18 +50,18 @@ class QueueEntry:
             to a batch's longest row is measured in.
     """
 
-    segments: list[Segment]
+    segments: list[Tensors]
     level: int
     priority: int
     deadline: float
     arrival: float
-    future: asyncio.Future[list[Segment]]
+    future: asyncio.Future[list[Tensors]]
     rows: int = 0
     running: int = 0
     seg_index: int = 0
     seg_offset: int = 0
     seq: int = field(default_factory=lambda: next(_arrivals))
-    chunks: list[list[tuple[int, Segment]]] = field(default_factory=list)
+    chunks: list[list[tuple[int, Tensors]]] = field(default_factory=list)
     length: int = 1
 
     def __post_init__(self) -> None:
@@ -82,7 +82,7 @@ class QueueEntry:
         return self.future.done()
 
 
-def _rows(segment: Segment) -> int:
+def _rows(segment: Tensors) -> int:
     return len(next(iter(segment.values())))
 
 
@@ -99,7 +99,7 @@ class Piece:
     def rows(self) -> int:
         return self.stop - self.start
 
-    def inputs(self) -> Segment:
+    def inputs(self) -> Tensors:
         """The piece's input arrays (views, no copy)."""
         segment = self.entry.segments[self.seg]
         if self.start == 0 and self.stop == _rows(segment):

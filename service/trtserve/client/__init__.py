@@ -25,10 +25,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from .._proto.inference import grpc_service_pb2 as pb
-from .._proto.inference import grpc_service_pb2_grpc as pb_grpc
-from ..protocol.codec import decode_raw, encode_tensor
-from ..protocol.datatypes import DATATYPES, from_numpy
+from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
+from trtserve.protocol.codec import decode_raw, encode_tensor
+from trtserve.datatypes import DATATYPES, from_numpy
 
 MAX_MESSAGE_BYTES = 2**31 - 1
 CHANNEL_OPTIONS = [

@@ -1,14 +1,14 @@
 """The engine core: one process holding every model's dispatcher and execution slots.
 
-Front ends (:mod:`trtserve.frontend`) do everything per request — auth, decoding, validation,
-the handler's tokenizing, encoding — and send the engine rows here over ZeroMQ
-(:mod:`trtserve.engine.wire`). The core only admits (deadline, priority), batches and runs,
-so its timing decisions are not delayed by request parsing.
+Front ends do everything per request (auth, decoding, validation, the handler's tokenizing,
+encoding) and send the engine rows here over ZeroMQ (the contract: :mod:`trtserve.ipc`). The
+core only admits (deadline, priority), batches and runs, so its timing decisions are not
+delayed by request parsing.
 
 One asyncio loop owns all state: the ROUTER socket's messages are handled on it, one at a
-time, and each request's future answers its front end when it resolves. A cancelled call's
-``cancel`` message, or the death of its front end (watched through a pidfd), takes its rows
-out of the queue at once: they never run.
+time, one handler per message class, and each request's future answers its front end when it
+resolves. A cancelled call's :class:`~trtserve.ipc.messages.Cancel`, or the death of its front
+end (watched through a pidfd), takes its rows out of the queue at once: they never run.
 """
 
 from __future__ import annotations
@@ -24,18 +24,35 @@ from typing import Any
 
 import zmq
 
-from .._proto.trtserve.v1 import control_pb2
-from ..batching.capacity import inflight_bound
-from ..batching.drain import QueueHint
-from ..batching.queue import Segment
-from ..errors import TrtServeError
-from ..metrics import MetricsServer, RequestStats, TrtServeCollector
-from ..repository import ModelState, Repository
-from ..spec import ModelSpec
-from . import control, statistics, wire
-from .lifecycle import LifecycleConfig, ModelLifecycle
-from .channel import Channel, open_socket
-from .model import EngineModel
+from trtserve.datatypes import Tensors
+from trtserve.engine.lifecycle import LifecycleConfig, ModelLifecycle
+from trtserve.engine.metrics import MetricsServer, RequestStats, TrtServeCollector
+from trtserve.engine.model import EngineModel
+from trtserve.engine.queries import CoreQueries
+from trtserve.engine.registry import ModelRegistry
+from trtserve.errors import TrtServeError
+from trtserve.ipc import framing
+from trtserve.ipc.admission import QueueHint
+from trtserve.ipc.channel import Channel, open_socket
+from trtserve.ipc.engine import ModelState
+from trtserve.ipc.messages import (
+    Cancel,
+    Error,
+    Hello,
+    Infer,
+    Message,
+    Outcome,
+    Query,
+    Records,
+    Reply,
+    Result,
+    Table,
+    TableEntry,
+    decode,
+    encode,
+    pickled,
+)
+from trtserve.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +73,7 @@ class FrontendPeer:
     pid: int = 0
     index: int = 0
     active: int = 0
-    pending: dict[int, asyncio.Future[list[Segment]]] = field(default_factory=dict)
+    pending: dict[int, asyncio.Future[list[Tensors]]] = field(default_factory=dict)
 
 
 class EngineCore:
@@ -66,7 +83,7 @@ class EngineCore:
         repository: the models (loaded by :meth:`load`).
         address: the ZeroMQ endpoint to bind (``ipc:///run/dir/engine.sock``); ``None`` for
             none: a front end in this process uses it directly
-            (:class:`~trtserve.frontend.local.LocalEngine`, ``trtserve serve --frontends 1``).
+            (:class:`~trtserve.engine.local.LocalEngine`, ``trtserve serve --frontends 1``).
         metrics_host, metrics_port: serve Prometheus metrics there (port 0: ephemeral);
             ``metrics_port=None``: no endpoint.
         lifecycle: the model control mode and readiness rule (default: Triton's ``none``,
@@ -81,7 +98,7 @@ class EngineCore:
 
     def __init__(
         self,
-        repository: Repository,
+        repository: ModelRegistry,
         address: str | None,
         *,
         metrics_host: str = "127.0.0.1",
@@ -103,19 +120,10 @@ class EngineCore:
         self._metrics_at = (metrics_host, metrics_port)
         self._channel: Channel | None = None
         self._hints: dict[str, tuple[QueueHint, bytes]] = {}  # model → its last queue hint, pickled
-        self._queries: dict[str, Callable[[Any], Any]] = {
-            "server_ready": lambda _arg: self.loaded and self.lifecycle.ready,
-            "model_ready": lambda arg: statistics.model_ready(self.repository, *arg),
-            "statistics": lambda arg: statistics.model_statistics(self.repository, self.requests, *arg).SerializeToString(),
-            "index": lambda arg: statistics.repository_index(self.lifecycle.index(), arg).SerializeToString(),
-            "load": lambda arg: self.lifecycle.load(*arg),
-            "unload": lambda arg: self.lifecycle.unload(*arg),
-            "get_policy": lambda arg: control.get_policy(
-                self.repository, control_pb2.GetPolicyRequest.FromString(arg)).SerializeToString(),
-            "set_policy": lambda arg: control.set_policy(
-                self.repository, control_pb2.SetPolicyRequest.FromString(arg)).SerializeToString(),
-            "inflight_bound": lambda _arg: inflight_bound(
-                [m.dispatcher for e in self.repository.models.values() for m in e.versions.values()]),
+        self.queries = CoreQueries(repository, self.lifecycle, self.requests, lambda: self.loaded)
+        self._handlers: dict[type, Callable[[FrontendPeer, Any, list[Any]], None]] = {
+            Hello: self._on_hello, Infer: self._on_infer, Cancel: self._on_cancel, Records: self._on_records,
+            Query: self._on_query,
         }
 
     @property
@@ -159,82 +167,75 @@ class EngineCore:
 
     # -- messages -----------------------------------------------------------------------
 
-    def _receive(self, message: list[Any]) -> None:
-        identity, head, *frames = message
-        self._handle(identity.bytes, wire.read_header(head), frames)
-
-    def _handle(self, identity: bytes, head: tuple[Any, ...], frames: list[Any]) -> None:
-        kind = head[0]
-        peer = self.peers.get(identity)
+    def _receive(self, frames: list[Any]) -> None:
+        identity, head, *tensors = frames
+        peer = self.peers.get(identity.bytes)
         if peer is None:
-            peer = self.peers[identity] = FrontendPeer(identity)
-        if kind == "infer":
-            self._infer(peer, *head[1:], frames=frames)
-        elif kind == "cancel":
-            future = peer.pending.pop(head[1], None)
-            if future is not None:
-                future.cancel()
-        elif kind == "records":
-            peer.active = head[1]
-            self.record(head[2], head[3])
-        elif kind == "query":
-            self._query(peer, head[1], head[2], head[3])
-        elif kind == "hello":
-            peer.pid, peer.index = head[1], head[2]
-            self.frontend_requests[peer.index] += 0  # the key exists before a scrape copies the counter
-            self._watch(peer)
-            if self.loaded:
-                self._send_table(identity)
-        else:
-            log.error("engine core: unknown message kind %r", kind)
+            peer = self.peers[identity.bytes] = FrontendPeer(identity.bytes)
+        message = decode(head)
+        self._handlers[type(message)](peer, message, tensors)
 
-    def _infer(self, peer: FrontendPeer, rid: int, model: str, version: str, priority: int,
-               timeout: float | None, deadline: float, layout: wire.Layout, *, frames: list[Any]) -> None:
+    def _on_hello(self, peer: FrontendPeer, hello: Hello, _frames: list[Any]) -> None:
+        peer.pid, peer.index = hello.pid, hello.index
+        self.frontend_requests[peer.index] += 0  # the key exists before a scrape copies the counter
+        self._watch(peer)
+        if self.loaded:
+            self._send_table(peer.identity)
+
+    def _on_cancel(self, peer: FrontendPeer, cancel: Cancel, _frames: list[Any]) -> None:
+        future = peer.pending.pop(cancel.rid, None)
+        if future is not None:
+            future.cancel()
+
+    def _on_records(self, peer: FrontendPeer, records: Records, _frames: list[Any]) -> None:
+        peer.active = records.active
+        self.record(records.outcomes, records.refused)
+
+    def _on_infer(self, peer: FrontendPeer, infer: Infer, frames: list[Any]) -> None:
         self.frontend_requests[peer.index] += 1
         served: EngineModel | None = None
         try:
-            served = self.repository.get(model, version)
-            future, resolved = served.submit(wire.unpack(layout, frames), priority=priority, timeout=timeout, deadline=deadline)
+            served = self.repository.get(infer.model, infer.version)
+            future, resolved = served.submit(framing.unpack(infer.layout, frames), priority=infer.priority,
+                                             timeout=infer.timeout, deadline=infer.deadline)
         except TrtServeError as exc:
-            self._send(peer.identity, wire.header("error", rid, type(exc).__name__, str(exc), *self._hint(served)))
+            self._send(peer.identity, Error(infer.rid, type(exc).__name__, str(exc), *self._hint(served)))
             return
-        peer.pending[rid] = future
-        future.add_done_callback(partial(self._answer, peer, rid, resolved, served))
+        peer.pending[infer.rid] = future
+        future.add_done_callback(partial(self._answer, peer, infer.rid, resolved, served))
 
     def _answer(self, peer: FrontendPeer, rid: int, deadline: float, served: EngineModel,
-                future: asyncio.Future[list[Segment]]) -> None:
+                future: asyncio.Future[list[Tensors]]) -> None:
         peer.pending.pop(rid, None)
         if future.cancelled():
             return  # the caller went away; nobody reads an answer
         exc = future.exception()
         if exc is not None:
             name = type(exc).__name__ if isinstance(exc, TrtServeError) else "BackendError"
-            self._send(peer.identity, wire.header("error", rid, name, str(exc), *self._hint(served)))
+            self._send(peer.identity, Error(rid, name, str(exc), *self._hint(served)))
             return
-        layout, frames = wire.pack(future.result())
-        self._send(peer.identity, wire.header("result", rid, deadline, layout, served.spec.version, *self._hint(served)), *frames)
+        layout, frames = framing.pack(future.result())
+        self._send(peer.identity, Result(rid, deadline, layout, served.spec.version, *self._hint(served)), frames)
 
-    def record(self, records: list[tuple[str, str, float, str | None, bool]], refused: dict[str, int]) -> None:
-        """Count requests a front end answered: (model, status name, seconds, refusal reason
-        or None, finished late?) each, and model → requests it refused on the deadline without sending."""
-        for model, code, seconds, refusal, late in records:
-            self.requests.record(model, code, seconds, refusal=refusal, late=late)
+    def record(self, outcomes: tuple[Outcome, ...] | list[Outcome], refused: dict[str, int]) -> None:
+        """Count requests a front end answered, and model → requests it refused on the
+        deadline without sending."""
+        for outcome in outcomes:
+            self.requests.record(outcome.model, outcome.code, outcome.seconds, refusal=outcome.refusal,
+                                 late=outcome.late)
         for model, count in refused.items():
             self.requests.refused_on_deadline(model, count)
 
-    def query(self, what: str, arg: Any) -> Any:
-        """Answer a front end's question: ``server_ready``, ``model_ready`` ((name, version)),
-        ``statistics`` ((name, version): a serialized ModelStatisticsResponse), ``index``
-        (ready only?: a serialized RepositoryIndexResponse), ``get_policy`` / ``set_policy``
-        (serialized trtserve.v1 messages); ``load`` / ``unload`` ((name, parameters)) return
-        a coroutine that finishes once the model is served or unloaded (see
-        :class:`~trtserve.engine.lifecycle.ModelLifecycle`), and ``inflight_bound`` (the
-        in-flight request bound of a front end or None: :func:`~trtserve.batching.capacity.inflight_bound`).
-
-        Raises:
-            TrtServeError: ModelNotFound, ModelNotReady, InvalidRequest, as the RPC answers.
-        """
-        return self._queries[what](arg)
+    def _on_query(self, peer: FrontendPeer, query: Query, _frames: list[Any]) -> None:
+        try:
+            value = getattr(self.queries, query.what.value)(*query.args)
+        except TrtServeError as exc:
+            self._reply(peer, query.rid, exc, None)
+            return
+        if asyncio.iscoroutine(value):  # load, unload: answered when done, the loop serving meanwhile
+            asyncio.ensure_future(value).add_done_callback(partial(self._replied, peer, query.rid))
+            return
+        self._reply(peer, query.rid, None, value)
 
     def table(self) -> list[tuple[str, str, str, tuple[ModelSpec, ...]]]:
         """(name, state, reason, the specs of its served versions, ascending, when READY) of
@@ -243,29 +244,18 @@ class EngineCore:
                  tuple(m.spec for m in e.versions.values()) if e.state is ModelState.READY else ())
                 for name, e in sorted(self.repository.models.items())]
 
-    def _query(self, peer: FrontendPeer, rid: int, what: str, arg: Any) -> None:
-        try:
-            value = self.query(what, arg)
-        except TrtServeError as exc:
-            self._reply(peer, rid, exc, None)
-            return
-        if asyncio.iscoroutine(value):  # load, unload: answered when done, the loop serving meanwhile
-            asyncio.ensure_future(value).add_done_callback(partial(self._replied, peer, rid))
-            return
-        self._reply(peer, rid, None, value)
-
     def _replied(self, peer: FrontendPeer, rid: int, task: asyncio.Future[Any]) -> None:
         if not task.cancelled():  # cancelled: the core is closing
             self._reply(peer, rid, task.exception(), None if task.exception() else task.result())
 
     def _reply(self, peer: FrontendPeer, rid: int, exc: BaseException | None, value: Any) -> None:
         if exc is None:
-            self._send(peer.identity, wire.header("reply", rid, True, value))
+            self._send(peer.identity, Reply(rid, value))
             return
         if not isinstance(exc, TrtServeError):
             log.error("engine core: query failed", exc_info=exc)
         name = type(exc).__name__ if isinstance(exc, TrtServeError) else "BackendError"
-        self._send(peer.identity, wire.header("reply", rid, False, (name, str(exc))))
+        self._send(peer.identity, Reply(rid, str(exc), name))
 
     def _publish(self) -> None:
         """Send the model table to every front end (once loaded)."""
@@ -277,17 +267,17 @@ class EngineCore:
             listener()
 
     def _send_table(self, identity: bytes) -> None:
-        table = [(name, state, reason, tuple(wire.spec_out(s) for s in specs)) for name, state, reason, specs in self.table()]
-        ready = self.lifecycle.ready
-        self._send(identity, wire.header("table", self.loaded, ready, self.lifecycle.config.strict_readiness, table))
+        models = tuple(TableEntry(name, state, reason, tuple(framing.spec_out(s) for s in specs))
+                       for name, state, reason, specs in self.table())
+        self._send(identity, Table(self.loaded, self.lifecycle.ready, self.lifecycle.config.strict_readiness, models))
 
-    def _send(self, identity: bytes, *frames: Any) -> None:
+    def _send(self, identity: bytes, message: Message, frames: list[Any] | tuple[()] = ()) -> None:
         assert self._channel is not None
-        self._channel.send((identity, *frames))
+        self._channel.send((identity, encode(message), *frames))
 
     def _hint(self, served: EngineModel | None) -> tuple[str, bytes] | tuple[()]:
-        """The last items of a ``result`` or ``error`` header: the model's name and its queue
-        (:class:`~trtserve.batching.drain.QueueHint`, pickled once per refresh of the
+        """The last fields of a :class:`Result` or :class:`Error`: the model's name and its
+        queue (:class:`~trtserve.ipc.admission.QueueHint`, pickled once per refresh of the
         dispatcher's hint), so that the front end refuses what cannot finish in time before
         it crosses."""
         if served is None:
@@ -295,7 +285,7 @@ class EngineCore:
         hint = served.dispatcher.hint()
         cached = self._hints.get(served.spec.name)
         if cached is None or cached[0] is not hint:
-            cached = self._hints[served.spec.name] = (hint, wire.header(hint))
+            cached = self._hints[served.spec.name] = (hint, pickled(hint))
         return served.spec.name, cached[1]
 
     # -- front ends that die --------------------------------------------------------------

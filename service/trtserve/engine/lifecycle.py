@@ -13,7 +13,7 @@ mode           what is loaded
 =============  ==================================================================================
 
 A load of a served model is a reload: the new versions are built and warmed while the old
-serve, then switched to at once (:meth:`Repository.load <trtserve.repository.Repository.load>`).
+serve, then switched to at once (:meth:`ModelRegistry.load <trtserve.engine.registry.ModelRegistry.load>`).
 Readiness (``strict_readiness``): strict, the server is ready once started and every model
 asked for is ready; non-strict, once started.
 """
@@ -29,9 +29,10 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from .._proto.inference import model_config_pb2 as mc
-from ..errors import InvalidRequest, ModelControlDisabled, ModelNotFound, Unsupported
-from ..repository import Repository, fingerprint, model_dirs
+from trtserve._proto.inference import model_config_pb2 as mc
+from trtserve.errors import InvalidRequest, ModelControlDisabled, ModelNotFound, Unsupported
+from trtserve.engine.registry import ModelRegistry
+from trtserve.repository import fingerprint, model_dirs
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class ModelLifecycle:
     polling); :meth:`load` / :meth:`unload` answer the RPCs; :meth:`aclose` stops polling.
     """
 
-    def __init__(self, repository: Repository, config: LifecycleConfig | None = None) -> None:
+    def __init__(self, repository: ModelRegistry, config: LifecycleConfig | None = None) -> None:
         self.repository = repository
         self.config = config or LifecycleConfig()
         self._seen: dict[str, tuple[object, ...]] = {}  # poll mode: model → files at the last scan

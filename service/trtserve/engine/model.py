@@ -1,7 +1,7 @@
 """One model inside the engine core: its runtime and its batching dispatcher.
 
 The engine core runs engine rows; the handler's pre/post-processing and everything per
-request run in the front ends (:mod:`trtserve.frontend.pipeline`).
+request run in the front ends (:mod:`trtserve.pipeline`).
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..batching.admission import admit
-from ..batching.dispatcher import Dispatcher
-from ..batching.latency import LatencyModel
-from ..clock import Clock
-from ..handlers import has_handler
-from ..batching.queue import Segment
-from ..runtimes.base import Backend, Tensors
-from ..spec import ModelSpec, TensorSpec
+from trtserve.ipc.admission import admit
+from trtserve.batching.dispatcher import Dispatcher
+from trtserve.batching.latency import LatencyModel
+from trtserve.clock import Clock
+from trtserve.handlers import has_handler
+from trtserve.datatypes import Tensors
+from trtserve.runtimes.base import Backend
+from trtserve.datatypes import Tensors
+from trtserve.spec import ModelSpec, TensorSpec
 
 WARMUP_LENGTH = 16
 WARMUP_SWEEPS = 2
@@ -71,10 +72,10 @@ class EngineModel:
         self.dispatcher.stats.reset()  # statistics and metrics count traffic, not the warm-up
 
     def submit(
-        self, segments: list[Segment], *, priority: int = 0, timeout: float | None = None, deadline: float = math.inf
-    ) -> tuple[asyncio.Future[list[Segment]], float]:
+        self, segments: list[Tensors], *, priority: int = 0, timeout: float | None = None, deadline: float = math.inf
+    ) -> tuple[asyncio.Future[list[Tensors]], float]:
         """Admit one request's engine rows: convert them for the engine, resolve the deadline
-        (:func:`~trtserve.batching.admission.admit`) and queue them. Returns at once.
+        (:func:`~trtserve.ipc.admission.admit`) and queue them. Returns at once.
 
         Args:
             segments: engine-input name → array with rows on axis 0, one dict per segment.
@@ -86,7 +87,7 @@ class EngineModel:
 
         Raises:
             InvalidRequest, QueueFull, RequestTimeout, ShuttingDown: see
-            ``Backend.prepare``, :func:`~trtserve.batching.admission.admit` and
+            ``Backend.prepare``, :func:`~trtserve.ipc.admission.admit` and
             :meth:`Dispatcher.submit`.
         """
         prepared = [self.backend.prepare(s) for s in segments]

@@ -1,20 +1,21 @@
 """Whole-server answers built in the engine core: ModelStatistics, RepositoryIndex, readiness.
 
 The engine core owns every model's batching numbers (:class:`~trtserve.batching.stats.DispatchStats`)
-and the request outcomes that every front end ships to it (:class:`~trtserve.metrics.RequestStats`),
+and the request outcomes that every front end ships to it (:class:`~trtserve.engine.metrics.RequestStats`),
 so these answers are the same whichever front end a client reached.
 """
 
 from __future__ import annotations
 
-from .._proto.inference import grpc_service_pb2 as pb
-from ..errors import ModelNotReady, TrtServeError
-from ..metrics import ModelRequests, RequestStats
-from ..repository import ModelState, Repository
-from .model import EngineModel
+from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve.errors import ModelNotReady, TrtServeError
+from trtserve.engine.metrics import ModelRequests, RequestStats
+from trtserve.engine.registry import ModelRegistry
+from trtserve.ipc.engine import ModelState
+from trtserve.engine.model import EngineModel
 
 
-def model_statistics(repository: Repository, requests: RequestStats, name: str, version: str) -> pb.ModelStatisticsResponse:
+def model_statistics(repository: ModelRegistry, requests: RequestStats, name: str, version: str) -> pb.ModelStatisticsResponse:
     """Triton's ModelStatistics for model ``name`` (every ready model when empty), one entry
     per served version (only ``version`` when given).
 
@@ -77,7 +78,7 @@ def repository_index(rows: list[tuple[str, str, str, str]], ready_only: bool) ->
     return response
 
 
-def model_ready(repository: Repository, name: str, version: str) -> bool:
+def model_ready(repository: ModelRegistry, name: str, version: str) -> bool:
     """ModelReady: loaded, and not every execution slot hung (``Dispatcher.healthy``), so a
     load balancer polling it routes away from a wedged model."""
     try:

@@ -1,8 +1,8 @@
-"""The models one front end serves: a :class:`~trtserve.frontend.pipeline.FrontendModel` (its
+"""The models one front end serves: a :class:`~trtserve.pipeline.FrontendModel` (its
 handler loaded) per served version, following the engine core's model table.
 
 The engine core sends a new table whenever a model is loaded, reloaded or unloaded
-(:class:`~trtserve.frontend.engine_client.EngineView`); :class:`ModelTable` then builds what is
+(:class:`~trtserve.ipc.engine.EngineView`); :class:`ModelTable` then builds what is
 new (off the loop: a handler may read tokenizer files) and drops what is gone. A model the
 table marks LOADING, UNLOADING or UNAVAILABLE is refused at once, UNAVAILABLE with the state
 and reason, whatever was built for it.
@@ -14,12 +14,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Any
 
-from ..errors import ModelNotFound, ModelNotReady
-from ..repository import ModelState
-from .engine_client import Engine, ModelInfo
-from .pipeline import FrontendModel
+from trtserve.errors import ModelNotFound, ModelNotReady
+from trtserve.ipc.engine import ModelState
+from trtserve.ipc.engine import Engine, ModelInfo
+from trtserve.pipeline import FrontendModel
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +119,4 @@ class ModelTable:
         return bool(built) and (not version or version in built)
 
 
-def repository_parameters(parameters: Any) -> dict[str, Any]:
-    """A RepositoryModelLoad/Unload request's ``parameters`` map as plain values (bool, int,
-    str or bytes, whichever of ``ModelRepositoryParameter`` is set)."""
-    return {key: getattr(p, p.WhichOneof("parameter_choice")) if p.WhichOneof("parameter_choice") else None
-            for key, p in parameters.items()}
-
-
-__all__ = ["ModelTable", "repository_parameters"]
+__all__ = ["ModelTable"]

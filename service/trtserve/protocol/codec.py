@@ -11,7 +11,7 @@ Wire rules (``../shared/notes/protocol.md`` b2, b5):
   none is. Numbers are little-endian, row-major, no padding. A BYTES element is a 4-byte
   little-endian length followed by that many bytes.
 * Typed data: ``contents.<field>`` where the field is fixed by the datatype
-  (:mod:`trtserve.protocol.datatypes`); FP16 and BF16 have none and must be raw.
+  (:mod:`trtserve.datatypes`); FP16 and BF16 have none and must be raw.
 * Outputs always go back as ``raw_output_contents``, in the order of ``outputs``.
 * Zero-size tensors are refused: every dimension must be at least 1 (a zero-row batch or an
   empty tensor is never handed to an engine).
@@ -25,13 +25,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .._proto.inference import grpc_service_pb2 as pb
-from ..errors import InvalidRequest
-from ..spec import ModelSpec, TensorSpec
-from .datatypes import DATATYPES, Datatype
-from .parameters import check_tensor_parameters
+from trtserve.datatypes import Tensors
 
-Tensors = dict[str, np.ndarray]
+from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve.errors import InvalidRequest
+from trtserve.spec import ModelSpec, TensorSpec
+from trtserve.datatypes import DATATYPES, Datatype
+from trtserve.protocol.parameters import check_tensor_parameters
+
 
 _LENGTH = struct.Struct("<I")
 # Default cap on the elements one request may declare (over all its inputs), so that a forged
@@ -291,7 +292,7 @@ def encode_response(
         BackendError: an output is missing or its numpy dtype is not the configured datatype
             (a model bug, not the caller's).
     """
-    from ..errors import BackendError
+    from trtserve.errors import BackendError
 
     response = pb.ModelInferResponse(model_name=spec.name, model_version=spec.version, id=request_id)
     for out in chosen:

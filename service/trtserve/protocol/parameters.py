@@ -10,7 +10,7 @@ Request parameters:
   one response, so it is the final one; no empty response follows).
 
 What ``priority`` and ``timeout`` mean for the queue (the level, the deadline) is the
-admission rule, :func:`trtserve.batching.admission.admit`; here they are only parsed.
+admission rule, :func:`trtserve.ipc.admission.admit`; here they are only parsed.
 
 Tensor parameters: ``binary_data`` on a requested output (gRPC outputs always travel as raw
 bytes, so it is honoured as it is). Triton's shared-memory parameters (``shared_memory_region``,
@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._proto.inference import grpc_service_pb2 as pb
-from ..errors import InvalidRequest, Unsupported
+from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve.errors import InvalidRequest, Unsupported
 
 REQUEST_PARAMETERS = ("priority", "timeout", "triton_enable_empty_final_response")
 SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")

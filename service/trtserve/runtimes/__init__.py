@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import Unsupported
-from ..spec import ModelSpec
-from .base import Backend
+from trtserve.errors import Unsupported
+from trtserve.spec import ModelSpec
+from trtserve.runtimes.base import Backend
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backe
         BackendError: the model file cannot be loaded.
     """
     if spec.platform == "onnxruntime_onnx":
-        from .onnxruntime import OnnxRuntimeBackend
+        from trtserve.runtimes.onnxruntime import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(
             spec.version_dir / "model.onnx",
@@ -44,14 +44,14 @@ def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backe
             spinning=_flag(spec, "ort_intra_op_spinning", True),
         )
     if spec.platform == "python":
-        from .python import PythonBackend
+        from trtserve.runtimes.python import PythonBackend
 
         return PythonBackend(spec)
     if spec.platform == "tensorrt_plan":
         # Raises GpuUnavailable (a BackendError) with one sentence where TensorRT or a CUDA
         # device is missing; repository.load_spec already picked model.onnx in that case
         # when the version directory has one.
-        from .tensorrt import PLAN_FILE, TensorRTBackend
+        from trtserve.runtimes.tensorrt import PLAN_FILE, TensorRTBackend
 
         return TensorRTBackend(
             spec.version_dir / PLAN_FILE,

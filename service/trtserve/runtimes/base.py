@@ -16,9 +16,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..spec import TensorSpec
+from trtserve.datatypes import Tensors
 
-Tensors = dict[str, np.ndarray]
+from trtserve.spec import TensorSpec
+
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import BackendError
+from trtserve.errors import BackendError
 
 if TYPE_CHECKING:
     from cuda.bindings.runtime import cudaError_t, cudaEvent_t, cudaStream_t

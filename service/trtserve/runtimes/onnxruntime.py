@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import BackendError, InvalidRequest
-from ..protocol.datatypes import DATATYPES, Datatype
-from ..spec import TensorSpec
-from .base import Batch, StagingBuffers, Tensors, pack
+from trtserve.errors import BackendError, InvalidRequest
+from trtserve.datatypes import DATATYPES, Datatype
+from trtserve.spec import TensorSpec
+from trtserve.runtimes.base import Batch, StagingBuffers, pack
+from trtserve.datatypes import Tensors
 
 if TYPE_CHECKING:
     import onnxruntime

@@ -58,11 +58,12 @@ from typing import Any
 
 import numpy as np
 
-from .._proto.inference import model_config_pb2 as mc
-from ..errors import BackendError
-from ..protocol.datatypes import Datatype
-from ..spec import ModelSpec
-from .base import Batch, StagingBuffers, Tensors, pack
+from trtserve._proto.inference import model_config_pb2 as mc
+from trtserve.errors import BackendError
+from trtserve.datatypes import Datatype
+from trtserve.spec import ModelSpec
+from trtserve.runtimes.base import Batch, StagingBuffers, pack
+from trtserve.datatypes import Tensors
 
 log = logging.getLogger(__name__)
 

@@ -40,12 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import BackendError, InvalidRequest
-from ..protocol.datatypes import DATATYPES, Datatype
-from ..spec import TensorSpec
-from . import cuda
-from .base import Batch, Tensors, pack, padded_shape, view_into
-from .cuda import INSTALL_HINT, GpuUnavailable
+from trtserve.errors import BackendError, InvalidRequest
+from trtserve.datatypes import DATATYPES, Datatype
+from trtserve.spec import TensorSpec
+from trtserve.runtimes import cuda
+from trtserve.runtimes.base import Batch, pack, padded_shape, view_into
+from trtserve.datatypes import Tensors
+from trtserve.runtimes.cuda import INSTALL_HINT, GpuUnavailable
 
 if TYPE_CHECKING:
     import tensorrt as trt

@@ -22,7 +22,7 @@ def model_dir(root: Path, name: str) -> Path:
         ToolError: ``root`` is not a directory, holds no model, or holds no model ``name``
             (the message lists the models it does hold).
     """
-    from ..repository import CONFIG_FILE
+    from trtserve.repository import CONFIG_FILE
 
     root = Path(root)
     if not root.is_dir():
@@ -43,8 +43,8 @@ def model_failure(name: str, what: str, exc: BaseException) -> ToolError:
     trtserve's own errors are sentences already; anything else (a broken model file, a
     handler's bug) is shown with its type.
     """
-    from ..errors import TrtServeError
-    from ..repository import ConfigError
+    from trtserve.errors import TrtServeError
+    from trtserve.repository import ConfigError
 
     reason = str(exc) if isinstance(exc, (ConfigError, TrtServeError)) and str(exc) else f"{type(exc).__name__}: {exc}"
     return ToolError(f"model '{name}' {what}: {reason}")

@@ -43,11 +43,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendError
-from ..files import write_atomic
-from ..runtimes import cuda
-from ..runtimes.cuda import GpuUnavailable
-from ..runtimes.tensorrt import PLAN_FILE, SIDECAR_SUFFIX, TRT_TYPES, logged_errors, logger, unavailable_reason
+from trtserve.errors import BackendError
+from trtserve.files import write_atomic
+from trtserve.runtimes import cuda
+from trtserve.runtimes.cuda import GpuUnavailable
+from trtserve.runtimes.tensorrt import PLAN_FILE, SIDECAR_SUFFIX, TRT_TYPES, logged_errors, logger, unavailable_reason
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ def build_model(model_dir: Path, options: BuildOptions, *, force: bool = False) 
         GpuUnavailable: no TensorRT or no CUDA device.
         BuildError: the ONNX file cannot be parsed or the builder failed (with TensorRT's errors).
     """
-    from ..repository import CONFIG_FILE, load_spec
+    from trtserve.repository import CONFIG_FILE, load_spec
 
     spec = load_spec(model_dir)
     declared = spec.config.platform if spec.config is not None else ""
@@ -544,7 +544,7 @@ def build_all(root: Path, args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"trtserve build: {exc}")
         return 2
-    from ..repository import CONFIG_FILE
+    from trtserve.repository import CONFIG_FILE
 
     failed = 0
     for model_dir in sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file()):

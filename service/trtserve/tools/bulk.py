@@ -31,7 +31,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ..client import AUTH_TOKEN_ENV, Credentials
+from trtserve.client import AUTH_TOKEN_ENV, Credentials
 
 log = logging.getLogger("trtserve.bulk")
 
@@ -78,9 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .bulklib.job import BulkError, JobConfig, Summary
-    from .bulklib.sink import ResumeError
-    from .bulklib.source import InputError
+    from trtserve.tools.bulklib.job import BulkError, JobConfig, Summary
+    from trtserve.tools.bulklib.sink import ResumeError
+    from trtserve.tools.bulklib.source import InputError
 
     if (args.tls_cert is None) != (args.tls_key is None):
         print("trtserve bulk: --tls-cert and --tls-key go together", file=sys.stderr)
@@ -121,11 +121,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.ray:
-            from ..ray import run_bulk
+            from trtserve.tools.bulklib.ray import run_bulk
 
             summary: Summary = run_bulk(cfg, args)
         else:
-            from .bulklib.job import BulkJob
+            from trtserve.tools.bulklib.job import BulkJob
 
             summary = asyncio.run(BulkJob(cfg).run())
     except (InputError, ResumeError, ValueError) as exc:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..spec import ModelSpec
-from . import ToolError, fail, model_dir, model_failure
+from trtserve.spec import ModelSpec
+from trtserve.tools import ToolError, fail, model_dir, model_failure
 
 WORDS = "a man woman dog cat runs jumps over the lazy quick brown fox on red blue street park plays guitar".split()
 
@@ -87,12 +87,12 @@ async def check_model(root: Path, name: str, *, samples: int = 32, atol: float =
         ToolError: no such repository or model, the model does not load, or it fails on a
             sample request (the message says which, with the reason).
     """
-    from .. import runtimes
-    from ..clock import MonotonicClock
-    from ..frontend.local import LocalEngine
-    from ..engine.model import EngineModel
-    from ..frontend.pipeline import FrontendModel
-    from ..repository import load_spec
+    from trtserve import runtimes
+    from trtserve.clock import MonotonicClock
+    from trtserve.engine.local import LocalEngine
+    from trtserve.engine.model import EngineModel
+    from trtserve.pipeline import FrontendModel
+    from trtserve.repository import load_spec
 
     directory = model_dir(root, name)
     pool = ThreadPoolExecutor(2)

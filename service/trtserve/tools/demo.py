@@ -89,7 +89,7 @@ def embed_stream(client, texts: Iterable[tuple[str, str]], inflight: int, latenc
 
 def batch_histogram(client) -> dict[int, int]:
     """Batch size → engine runs of the demo model, from the ModelStatistics RPC."""
-    from .._proto.inference import grpc_service_pb2 as pb
+    from trtserve._proto.inference import grpc_service_pb2 as pb
 
     stats = client.stub.ModelStatistics(pb.ModelStatisticsRequest(name=MODEL)).model_stats[0]
     return {b.batch_size: b.compute_infer.count for b in stats.batch_stats}
@@ -99,10 +99,10 @@ def raw_throughput(model_dir: Path, texts: list[str], batch_size: int) -> float:
     """Sentences/s of the handler + ONNX Runtime, no server, in batches of ``batch_size``."""
     import onnxruntime as ort
 
-    from ..handlers import load_handler
-    from ..repository import load_spec
-    from ..runtimes.base import Batch, StagingBuffers, pack
-    from ..runtimes.onnxruntime import engine_tensors
+    from trtserve.handlers import load_handler
+    from trtserve.repository import load_spec
+    from trtserve.runtimes.base import Batch, StagingBuffers, pack
+    from trtserve.runtimes.onnxruntime import engine_tensors
 
     spec = load_spec(model_dir)
     handler = load_handler(spec)
@@ -124,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
     quiet = not sys.stderr.isatty()  # no progress bars in a log file
 
-    from ..client import Client
-    from .process import ServerProcess
+    from trtserve.client import Client
+    from trtserve.tools.child_server import ServerProcess
 
     data: Path = args.data
     corpus_path = args.corpus or data / "corpus" / "multi30k_en_captions.jsonl.gz"

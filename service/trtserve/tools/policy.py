@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from .._proto.trtserve.v1 import control_pb2 as pb
-    from .._proto.trtserve.v1 import control_pb2_grpc as pb_grpc
+    from trtserve._proto.trtserve.v1 import control_pb2 as pb
+    from trtserve._proto.trtserve.v1 import control_pb2_grpc as pb_grpc
 
     stub = pb_grpc.ModelControlStub(grpc.insecure_channel(args.url))
     update = pb.BatchingPolicy()

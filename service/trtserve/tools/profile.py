@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..batching.latency import LatencyModel
-from ..batching.policy import adaptive_cap
-from . import ToolError, fail, model_dir, model_failure
+from trtserve.batching.latency import LatencyModel
+from trtserve.batching.policy import adaptive_cap
+from trtserve.tools import ToolError, fail, model_dir, model_failure
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,10 +38,10 @@ async def measure(root: Path, name: str, lengths: list[int], repeats: int) -> di
         ToolError: no such repository or model, the model does not load, or its engine fails
             on a batch (the message says which, with the reason).
     """
-    from .. import runtimes
-    from ..engine.model import sample_inputs
-    from ..repository import load_spec
-    from ..runtimes.base import Batch
+    from trtserve import runtimes
+    from trtserve.engine.model import sample_inputs
+    from trtserve.repository import load_spec
+    from trtserve.runtimes.base import Batch
 
     directory = model_dir(root, name)
     try:
@@ -79,7 +79,7 @@ async def measure(root: Path, name: str, lengths: list[int], repeats: int) -> di
 
 def recommend(curve: dict[int, float], budget: float, tolerance: float, limit: int) -> int:
     """The knee of one length's curve (batch size → seconds); see the module docstring."""
-    from ..config import BatchingPolicy
+    from trtserve.config import BatchingPolicy
 
     model = LatencyModel()
     for rows, seconds in curve.items():

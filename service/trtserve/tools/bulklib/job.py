@@ -45,13 +45,13 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
-from ..._proto.inference import grpc_service_pb2 as pb
-from ..._proto.inference import grpc_service_pb2_grpc as pb_grpc
-from ...client import CHANNEL_OPTIONS, Credentials, build_request, parse_response
-from ...protocol.datatypes import DATATYPES
-from ...spec import TensorSpec
-from .sink import ErrorLog, PartStore, ResumeError, RowBuffer, output_schema
-from .source import Row, RowEncoder, count_rows, detect_format, open_batches, parse_input_columns, stack_rows
+from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
+from trtserve.client import CHANNEL_OPTIONS, Credentials, build_request, parse_response
+from trtserve.datatypes import DATATYPES
+from trtserve.spec import TensorSpec
+from trtserve.tools.bulklib.sink import ErrorLog, PartStore, ResumeError, RowBuffer, output_schema
+from trtserve.tools.bulklib.source import Row, RowEncoder, count_rows, detect_format, open_batches, parse_input_columns, stack_rows
 
 log = logging.getLogger("trtserve.bulk")
 

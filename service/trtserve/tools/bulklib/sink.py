@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ...spec import TensorSpec
+from trtserve.spec import TensorSpec
 
 MODEL_KEY = b"trtserve.model"
 

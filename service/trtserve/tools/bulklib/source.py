@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ...spec import TensorSpec
+from trtserve.spec import TensorSpec
 
 FORMATS = ("jsonl", "csv", "parquet")
 _COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")

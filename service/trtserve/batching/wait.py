@@ -1,0 +1,218 @@
+"""Predicted queue drain: when the work queued ahead of a request lets it finish, at the earliest.
+
+Admission (``Dispatcher.submit``) refuses a request that cannot finish by its deadline; the
+front ends refuse the same before a request crosses to the engine core, from a
+:class:`QueueHint` the engine core sends back with every answer. Both read one estimate:
+
+* **Rows ahead.** The queue is ordered by (priority, deadline, arrival), so a new request at
+  level ``L`` with deadline ``D`` runs after every queued row whose (priority, deadline) is at
+  most ``(L, D)``: same or more urgent level, earlier (or equal) deadline. (Aged requests may
+  go ahead of it too; they only add work, so they are left out of a lower bound.)
+* **Their work.** Run time is close to affine in rows with a positive intercept
+  (``latency.py``), so a full batch is the cheapest per row, and the shortest padded length
+  (``length``) among the rows the cheapest per batch; every estimate is the low one, as for
+  every refusal (``LatencyModel.lower_bound`` says why: a false refusal is never measured, so
+  it would not correct itself). Rows of a more urgent level, and the request's own, count at
+  the full-batch rate, ``rows × lower_bound(cap, length) / cap`` slot-seconds
+  (:func:`batch_floor`). Rows ahead at the request's own level run in batches that leave the
+  request behind, and the dispatcher caps those (policy step 3) so that it still has time for
+  a batch of one: they count at the rate of the largest such batch,
+  ``lower_bound(n, length) / n`` per row with ``n`` the most rows (up to the cap) whose
+  ``p(n) + p(1) ≤ deadline − now`` (:func:`row_cost`, :func:`deadline_batch`). So a tight
+  request behind other tight ones is costed at the small batches the queue will really run:
+  counted at the full-batch rate, a queue of 30 ms minilm requests admitted about twice what it
+  could serve in time, since none of its full batches fits in 30 ms, and the admitted requests
+  expired in the queue. A more urgent level is not capped by a less urgent request (the
+  dispatcher never shrinks a batch for a lower priority), and without a deadline there is no
+  cap.
+* **Over the slots.** Each execution slot is free at ``now``, or when its running batch ends
+  at the earliest (its start plus the low estimate of its rows, not before ``now``). Work ``W``
+  spread over slots free at ``f_1 <= ... <= f_k`` is done, at the earliest, at the time ``S``
+  with ``Σ max(0, S - f_i) = W`` (:func:`fill`: water filling; no schedule of whole batches
+  does better).
+
+The request's *queue wait* is ``fill(rows ahead) - now``; it finishes at the earliest at
+``max(fill(rows ahead + its rows), f_1 + run)``, where ``run = lower_bound(min(rows, cap),
+length)`` is the least its own first batch takes (no batch of its rows starts before a slot
+is free). An idle server needs ``now + run``: a deadline before that is hopeless
+(``DeadlineUnmeetable``, DEADLINE_EXCEEDED); a deadline before the finish is met by an idle
+server but not by this one (``Overloaded``, RESOURCE_EXHAUSTED: retry elsewhere).
+
+The hint's times are absolute (monotonic seconds) and count every row at the full-batch rate
+(its points cannot know the deadline of the request they will be compared with): rows that
+arrive later only add work and rows that run take their time, so a hint stays a lower bound as
+it ages, and the engine core's admission, which knows the request, refines it. Rows cancelled or
+expired since make it high; it still refuses nothing past its own ``done_at`` times, and every
+answer brings a fresh one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from trtserve.config import BatchingPolicy
+from trtserve.errors import DeadlineUnmeetable, Overloaded, TrtServeError
+from trtserve.ipc.admission import QueueHint
+from trtserve.batching.latency import LatencyModel
+from trtserve.batching.queue import QueueEntry, RequestQueue
+
+HINT_POINTS = 16
+"""Most queue positions a :class:`QueueHint` samples (it goes out with every answer)."""
+HINT_REFRESH_S = 0.001
+"""A dispatcher recomputes its hint at most this often (seconds): an O(queue) walk."""
+
+
+def batch_floor(latency: LatencyModel, cap: int, length: int) -> float:
+    """Least run time (seconds) of a batch of ``cap`` rows padded to ``length``: the latency
+    model's low estimate at ``cap`` rows, but above the largest row bucket measured at that
+    length no more than there. (Beyond its measurements the model extrapolates, in proportion
+    to rows after a single one, which is no lower bound: a batch of more rows takes at least as
+    long, and no more is known.)"""
+    low = latency.lower_bound(cap, length)
+    top = latency.top_rows(length)
+    return min(low, latency.lower_bound(top, length)) if 0 < top < cap else low
+
+
+def deadline_batch(latency: LatencyModel, cap: int, length: int, budget: float) -> int:
+    """The most rows (1..``cap``) of a batch padded to ``length`` whose low run time leaves a
+    batch of one after it within ``budget`` seconds: ``p(n) + p(1) ≤ budget`` (1 when even two
+    batches of one do not fit; ``cap`` for ``budget = math.inf``). Run time grows with rows, so
+    a bisection finds it."""
+    one = latency.lower_bound(1, length)
+    low, high = 1, cap
+    while low < high:
+        mid = (low + high + 1) // 2
+        if latency.lower_bound(mid, length) + one <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def row_cost(latency: LatencyModel, cap: int, length: int, budget: float) -> float:
+    """Least slot-seconds one queued row padded to ``length`` costs when the deadline ``budget``
+    seconds away lets batches of :func:`deadline_batch` rows run (see the module docstring)."""
+    rows = deadline_batch(latency, cap, length, budget)
+    return batch_floor(latency, rows, length) / rows
+
+
+def fill(free_at: Sequence[float], work: float) -> float:
+    """When slots that become free at ``free_at`` (monotonic seconds, ascending, at least one)
+    have done ``work`` slot-seconds between them, at the earliest (water filling: the time
+    ``S`` with ``Σ max(0, S - f_i) = work``)."""
+    total = 0.0
+    for j, f in enumerate(free_at, 1):
+        total += f
+        level = (work + total) / j
+        if j == len(free_at) or level <= free_at[j]:
+            return level
+    raise ValueError("fill() needs at least one slot")
+
+
+class SlotEnds:
+    """When each execution slot's running batch ends at the earliest (monotonic seconds).
+
+    Args:
+        slots: execution slots of the model.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._ends = [0.0] * slots
+
+    def started(self, slot: int, now: float, low: float) -> None:
+        """A batch whose low run-time estimate is ``low`` seconds started on ``slot`` at ``now``."""
+        self._ends[slot] = now + low
+
+    def free_at(self, now: float, idle: Collection[int]) -> list[float]:
+        """Per slot, ascending: ``now`` if idle (or past its estimate), else its batch's earliest end."""
+        return sorted(now if slot in idle else max(end, now) for slot, end in enumerate(list(self._ends)))
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A request's predicted wait (monotonic seconds, earliest times: lower bounds).
+
+    Attributes:
+        now: when it was predicted.
+        start: when the rows queued ahead of it are done (its queue wait ends).
+        finish: when its own rows are done.
+        alone: when its rows would be done on an idle server.
+    """
+
+    now: float
+    start: float
+    finish: float
+    alone: float
+
+    def refusal(self, deadline: float) -> TrtServeError | None:
+        """The error refusing a request with ``deadline`` (monotonic seconds), or ``None`` to admit it:
+        DeadlineUnmeetable (DEADLINE_EXCEEDED) if even an idle server is too slow, Overloaded
+        (RESOURCE_EXHAUSTED) if the queue ahead is."""
+        remaining = max(deadline - self.now, 0.0) * 1e3
+        if deadline < self.alone:
+            return DeadlineUnmeetable(
+                f"the request's deadline ({remaining:.1f} ms away) comes before it could run: even on an idle "
+                f"server its rows take at least {(self.alone - self.now) * 1e3:.1f} ms"
+            )
+        if deadline < self.finish:
+            return Overloaded(
+                f"overloaded: predicted queue wait {(self.start - self.now) * 1e3:.1f} ms, then at least "
+                f"{(self.finish - self.start) * 1e3:.1f} ms to run, exceeds the request's remaining "
+                f"{remaining:.1f} ms deadline; retry on another server or later"
+            )
+        return None
+
+
+def predict(entries: Sequence[QueueEntry], priority: float, deadline: float, rows: int, length: int, *,
+            now: float, free_at: Sequence[float], cap: int, latency: LatencyModel) -> Wait:
+    """The :class:`Wait` of a request of ``rows`` rows padded to ``length``, queued at
+    ``priority`` with ``deadline`` behind ``entries`` (the queue, in its order), with slots
+    free at ``free_at`` and batches of at most ``cap`` rows (see the module docstring).
+    ``priority=math.inf`` puts it behind everything, and ``rows=0`` gives the drain time of
+    the whole queue as ``start``."""
+    urgent, level, shortest = 0, 0, length if rows else math.inf
+    for entry in entries:
+        if (entry.priority, entry.deadline) > (priority, deadline):
+            break
+        if entry.priority < priority:
+            urgent += entry.rows
+        else:
+            level += entry.rows
+        shortest = min(shortest, entry.length)
+    full = capped = 0.0
+    if urgent + level + rows:
+        full = batch_floor(latency, cap, int(shortest)) / cap
+        capped = row_cost(latency, cap, int(shortest), deadline - now) if level else full
+    ahead = urgent * full + level * capped
+    run = batch_floor(latency, min(max(rows, 1), cap), length)
+    return Wait(now, fill(free_at, ahead), max(fill(free_at, ahead + rows * full), free_at[0] + run), now + run)
+
+
+def queue_hint(queue: RequestQueue, policy: BatchingPolicy, *, now: float, free_at: Sequence[float], cap: int,
+               latency: LatencyModel) -> QueueHint:
+    """The :class:`QueueHint` of ``queue`` now (one walk over it; :data:`HINT_POINTS` samples)."""
+    entries = list(queue.entries)
+    step = max(1, math.ceil(len(entries) / HINT_POINTS))
+    points: list[tuple[int, float, float]] = []
+    rows, shortest = 0, math.inf
+    for i, entry in enumerate(entries):
+        rows += entry.rows
+        shortest = min(shortest, entry.length)
+        if (i + 1) % step == 0 or i == len(entries) - 1:
+            done = fill(free_at, rows * batch_floor(latency, cap, int(shortest)) / cap)
+            points.append((entry.priority, entry.deadline, done))
+    full: list[tuple[int, float]] = []
+    if free_at[0] > now:  # with a slot idle the queue moves at once
+        for level, queued in list(queue.per_level.items()):
+            size = policy.queue_policy(level).max_queue_size
+            if size and queued >= size:
+                expiry = min((e.deadline - latency.lower_bound(1, e.length) for e in entries if e.level == level),
+                             default=math.inf)
+                full.append((level, min(free_at[0], expiry)))
+    return QueueHint(latency.lower_bound(1, 1), policy, free_at[0], tuple(points), tuple(full))
+
+
+__all__ = ["HINT_POINTS", "HINT_REFRESH_S", "SlotEnds", "Wait", "batch_floor", "deadline_batch", "fill", "predict",
+           "queue_hint", "row_cost"]

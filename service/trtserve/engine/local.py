@@ -1,0 +1,102 @@
+"""The engine core's interface in process: no ZeroMQ between a front end and the dispatchers.
+
+:class:`LocalEngine` offers what :class:`~trtserve.ipc.client.EngineClient` offers (``infer``,
+the model table, the queries, ``record``, ``set_active``) by calling an
+:class:`~trtserve.engine.core.EngineCore` of this process directly. ``trtserve serve
+--frontends 1`` runs this way, and so do the tools that run a model without a server
+(``trtserve check``, the Ray bulk actors), with only ``infer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any
+
+from trtserve.datatypes import Tensors
+from trtserve.engine.model import EngineModel
+from trtserve.engine.registry import ModelRegistry
+from trtserve.errors import RequestTimeout
+from trtserve.ipc.admission import shed
+from trtserve.ipc.engine import EngineView, ModelInfo
+from trtserve.ipc.messages import Outcome, QueryKind
+from trtserve.pipeline import FrontendModel
+
+if TYPE_CHECKING:
+    from trtserve.engine.core import EngineCore
+
+
+class LocalEngine(EngineView):
+    """Requests straight into the dispatchers of the models that ``get(name, version)``
+    returns (``ModelRegistry.get``), on the running event loop; with ``core``, the rest of the
+    front end's interface too (see :meth:`of`)."""
+
+    def __init__(self, get: Callable[[str, str], EngineModel], core: EngineCore | None = None) -> None:
+        super().__init__()
+        self.get = get
+        self.core = core
+
+    @classmethod
+    def of(cls, core: EngineCore) -> LocalEngine:
+        """The whole interface over ``core``; its table follows the core's (from :meth:`refresh`,
+        called by the core after it loaded and after each change)."""
+        engine = cls(core.repository.get, core)
+        core.table_listeners.append(engine.refresh)
+        return engine
+
+    def refresh(self) -> None:
+        """Take the model table from the engine core."""
+        assert self.core is not None
+        self.set_table(self.core.loaded, self.core.lifecycle.ready, self.core.lifecycle.config.strict_readiness,
+                       {name: ModelInfo(name, state, reason, specs) for name, state, reason, specs in self.core.table()})
+
+    async def infer(
+        self, model: str, version: str, segments: list[Tensors], *, priority: int = 0,
+        timeout: float | None = None, deadline: float = math.inf,
+    ) -> tuple[list[Tensors], float, str]:
+        """See :meth:`EngineClient.infer <trtserve.ipc.client.EngineClient.infer>`."""
+        served = self.get(model, version)
+        future, resolved = served.submit(segments, priority=priority, timeout=timeout, deadline=deadline)
+        return await future, resolved, served.spec.version
+
+    async def ask(self, what: QueryKind, *args: Any) -> Any:
+        """Answer query ``what`` from the engine core's :class:`~trtserve.engine.queries.CoreQueries`."""
+        assert self.core is not None
+        value = getattr(self.core.queries, what.value)(*args)
+        return await value if asyncio.iscoroutine(value) else value
+
+    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float) -> None:
+        """See :meth:`EngineClient.shed <trtserve.ipc.client.EngineClient.shed>`; here the
+        model's queue is read directly (the dispatcher's :meth:`hint`)."""
+        refusal = shed(self.get(model, "").dispatcher.hint(), model, priority, timeout, deadline, now)
+        if refusal is not None:
+            if isinstance(refusal, RequestTimeout) and self.core is not None:
+                self.core.record((), {model: 1})
+            raise refusal
+
+    def record(self, model: str, code: str, seconds: float, *, refusal: str | None, late: bool) -> None:
+        """See :meth:`EngineClient.record <trtserve.ipc.client.EngineClient.record>`."""
+        assert self.core is not None
+        self.core.record((Outcome(model, code, seconds, refusal, late),), {})
+
+    def set_active(self, active: int) -> None:
+        """Requests in flight at this front end now."""
+        assert self.core is not None
+        self.core.local_active = active
+
+    async def aclose(self) -> None:
+        """Nothing to close: the engine core is this process's."""
+
+
+def local_model(registry: ModelRegistry, name: str, pool: Executor) -> FrontendModel:
+    """Model ``name`` of a loaded ``registry`` with its handler, served in process.
+
+    Raises:
+        ModelNotFound, ModelNotReady: see :meth:`ModelRegistry.get`.
+    """
+    return FrontendModel(registry.get(name).spec, LocalEngine(registry.get), pool=pool)
+
+
+__all__ = ["LocalEngine", "local_model"]

@@ -1,0 +1,357 @@
+"""Prometheus metrics and the numbers behind ModelStatistics.
+
+Two sources, read only when asked (a scrape, a ModelStatistics call), so the request path
+pays for one :meth:`RequestStats.record` per request and nothing else:
+
+* :class:`RequestStats`: the outcome and duration of every request, recorded once by the gRPC
+  layer when the answer is ready (per model and status code), plus deadlines finished late,
+  refusals at admission by reason, answers in time (goodput) and the time of the last success.
+* each model's :class:`~trtserve.batching.stats.DispatchStats`: batches, rows, queue and
+  compute time, padding, expired requests, updated by its dispatcher.
+
+:class:`TrtServeCollector` turns both into Prometheus families at scrape time, on the HTTP
+server's thread, without locks (see the note in ``batching/stats.py``). Each server has its
+own :class:`~prometheus_client.CollectorRegistry`, so one process can run several servers.
+
+==========================================  =========  ======================================
+series                                      type       labels
+==========================================  =========  ======================================
+trtserve_requests_total                     counter    model, code (gRPC status name)
+trtserve_request_duration_seconds           histogram  model, code
+trtserve_queue_duration_seconds             histogram  model
+trtserve_compute_duration_seconds           histogram  model (one observation per batch)
+trtserve_batch_size_rows                    histogram  model
+trtserve_queue_depth                        gauge      model (requests queued)
+trtserve_queue_rows                         gauge      model (rows queued)
+trtserve_slots / trtserve_slots_busy        gauge      model
+trtserve_slot_busy_seconds_total            counter    model
+trtserve_slot_busy_ratio                    gauge      model (since the previous scrape)
+trtserve_deadline_exceeded_total            counter    model, when = before_run | finished_late
+trtserve_rejected_total                     counter    model, reason = queue_full | queue_wait |
+                                                       deadline_unmeetable | inflight_bound
+trtserve_goodput_requests_total             counter    model (answered OK within the deadline)
+trtserve_queue_drain_seconds                gauge      model (predicted, of everything queued)
+trtserve_batch_host_seconds                 gauge      model (host CPU per batch beside the engine run)
+trtserve_host_busy_ratio                    gauge      model (the engine core loop's busy share)
+trtserve_deadline_budget_tight_seconds      gauge      model (10th percentile of recent deadline budgets)
+trtserve_padding_ratio                      gauge      model
+trtserve_padding_elements_total             counter    model
+trtserve_batch_elements_total               counter    model
+trtserve_model_ready                        gauge      model (0 also while every slot is hung)
+trtserve_slots_unhealthy                    gauge      model (running one batch past the hang limit)
+trtserve_predicted_batch_seconds            gauge      model, rows, length (the latency model)
+trtserve_arrival_rate_rows                  gauge      model (rows/s, the dispatcher's estimate)
+trtserve_batch_cap_rows                     gauge      model (max rows of the next batch)
+trtserve_inflight_requests                  gauge      (none; summed over the front ends)
+trtserve_frontend_requests_total            counter    frontend (its number; requests it sent the engine core)
+==========================================  =========  ======================================
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from trtserve.batching.stats import DURATION_BUCKETS, Histogram
+from trtserve.ipc.messages import UNKNOWN_MODEL
+from trtserve.clock import Clock, wall_time_ns
+
+if TYPE_CHECKING:
+    from trtserve.batching.dispatcher import Dispatcher
+    from trtserve.engine.registry import ModelRegistry
+
+REFUSALS = ("queue_full", "queue_wait", "deadline_unmeetable", "inflight_bound")
+"""The ``reason`` labels of ``trtserve_rejected_total`` (``TrtServeError.refusal``)."""
+
+BATCH_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass
+class ModelRequests:
+    """One model's requests as the gRPC layer answered them.
+
+    Attributes:
+        by_code: gRPC status name → durations (seconds, from decode to encoded response).
+        finished_late: requests answered OK after their deadline had passed.
+        on_time: requests answered OK by their deadline (or without one): the goodput.
+        refused: refusal reason (``TrtServeError.refusal``) → requests refused at admission.
+        refused_on_deadline: requests a front end refused DEADLINE_EXCEEDED before they crossed
+            to the engine core (their deadline came before a batch of one could finish).
+        last_success: clock time of the last successful answer (``None`` before one).
+    """
+
+    by_code: dict[str, Histogram] = field(default_factory=dict)
+    finished_late: int = 0
+    on_time: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+    refused_on_deadline: int = 0
+    last_success: float | None = None
+
+    def totals(self) -> tuple[tuple[int, float], tuple[int, float]]:
+        """((success count, seconds), (failure count, seconds))."""
+        ok_n, ok_s, fail_n, fail_s = 0, 0.0, 0, 0.0
+        for code, hist in list(self.by_code.items()):
+            counts, seconds = hist.snapshot()
+            if code == "OK":
+                ok_n, ok_s = ok_n + sum(counts), ok_s + seconds
+            else:
+                fail_n, fail_s = fail_n + sum(counts), fail_s + seconds
+        return (ok_n, ok_s), (fail_n, fail_s)
+
+
+class RequestStats:
+    """Outcome and duration of every request, per model. Updated only on the event loop.
+
+    Args:
+        clock: the clock request durations are measured on (for ``last_inference``).
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.models: dict[str, ModelRequests] = {}
+
+    def _entry(self, model: str) -> ModelRequests:
+        entry = self.models.get(model)
+        if entry is None:
+            entry = self.models[model] = ModelRequests()
+        return entry
+
+    def record(self, model: str, code: str, seconds: float, *, refusal: str | None = None, late: bool = False) -> None:
+        """Count one answered request of ``model`` with status ``code`` that took ``seconds``;
+        ``refusal``: the reason it was refused at admission, if it was; ``late``: answered OK
+        after its deadline (not goodput)."""
+        entry = self._entry(model)
+        hist = entry.by_code.get(code)
+        if hist is None:
+            hist = entry.by_code[code] = Histogram(DURATION_BUCKETS)
+        hist.observe(seconds)
+        if code == "OK":
+            entry.last_success = self.clock.now()
+            if late:
+                entry.finished_late += 1
+            else:
+                entry.on_time += 1
+        elif refusal is not None:
+            entry.refused[refusal] += 1
+
+    def refused_on_deadline(self, model: str, count: int = 1) -> None:
+        """Count requests of ``model`` that a front end refused on their deadline before they crossed."""
+        self._entry(model).refused_on_deadline += count
+
+    def last_inference_ms(self, model: str) -> int:
+        """Milliseconds since the Unix epoch of the model's last success (0 if none)."""
+        entry = self.models.get(model)
+        if entry is None or entry.last_success is None:
+            return 0
+        ago = self.clock.now() - entry.last_success
+        return int(wall_time_ns() // 1_000_000 - ago * 1000)
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], counts: list[int], total: float, bounds: tuple[float, ...]) -> None:
+    cumulative, buckets = 0, []
+    for bound, n in zip((*bounds, math.inf), counts):
+        cumulative += n
+        buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
+    family.add_metric(labels, buckets, sum_value=total)
+
+
+class TrtServeCollector:
+    """Builds every ``trtserve_*`` family from the repository's dispatch stats and the
+    request stats, at scrape time.
+
+    Args:
+        repository: the served models.
+        requests: per-request outcomes from the gRPC layer.
+        inflight: returns the requests being processed now.
+        clock: for the busy ratio's window.
+        frontends: returns front-end number → requests it has sent to the engine core.
+    """
+
+    def __init__(self, repository: ModelRegistry, requests: RequestStats, inflight: Callable[[], int], clock: Clock,
+                 frontends: Callable[[], dict[int, int]] = dict) -> None:
+        self.repository = repository
+        self.requests = requests
+        self.inflight = inflight
+        self.frontends = frontends
+        self.clock = clock
+        self._last_busy: dict[str, tuple[float, float]] = {}  # model → (time, busy seconds) at the last scrape
+        self._lock = threading.Lock()  # two scrapes at once share _last_busy
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            yield from self._requests()
+            yield from self._models()
+        yield GaugeMetricFamily("trtserve_inflight_requests", "Requests being processed now (unary and stream messages).", value=self.inflight())
+        per_frontend = CounterMetricFamily("trtserve_frontend_requests", "Requests each front end sent to the engine core.", labels=["frontend"])
+        for index, count in sorted(self.frontends().items()):
+            per_frontend.add_metric([str(index)], count)
+        yield per_frontend
+
+    def _requests(self) -> Iterator[Metric]:
+        count = CounterMetricFamily("trtserve_requests", "Requests answered, by model and gRPC status code.", labels=["model", "code"])
+        duration = HistogramMetricFamily(
+            "trtserve_request_duration_seconds", "Time from decoding a request to its encoded answer.", labels=["model", "code"]
+        )
+        deadline = CounterMetricFamily(
+            "trtserve_deadline_exceeded",
+            "Requests past their deadline: answered DEADLINE_EXCEEDED before running (before_run) or answered after the deadline (finished_late).",
+            labels=["model", "when"],
+        )
+        rejected = CounterMetricFamily(
+            "trtserve_rejected",
+            "Requests refused at admission, before queueing: queue_full (max_queue_size), queue_wait (the predicted "
+            "queue wait leaves no time before the deadline), deadline_unmeetable (not even an idle server could), "
+            "inflight_bound (the front end held --max-inflight-rpcs requests in progress).",
+            labels=["model", "reason"],
+        )
+        goodput = CounterMetricFamily("trtserve_goodput_requests", "Requests answered OK within their deadline (or without one).",
+                                      labels=["model"])
+        late: dict[str, int] = {}
+        early: dict[str, int] = {}
+        for model, entry in sorted(list(self.requests.models.items())):
+            for code, hist in sorted(list(entry.by_code.items())):
+                counts, total = hist.snapshot()
+                count.add_metric([model, code], sum(counts))
+                _histogram(duration, [model, code], counts, total, hist.bounds)
+            late[model] = entry.finished_late
+            early[model] = entry.refused_on_deadline
+            if model != UNKNOWN_MODEL:
+                refused = dict(entry.refused)
+                for reason in REFUSALS:
+                    rejected.add_metric([model, reason], refused.get(reason, 0))
+                goodput.add_metric([model], entry.on_time)
+        for name, dispatcher in self._dispatchers():
+            stats = dispatcher.stats
+            deadline.add_metric([name, "before_run"], stats.expired_before_run + early.get(name, 0))
+            # finished_late: the dispatcher answered DEADLINE_EXCEEDED while the batch ran, or
+            # the answer was ready (OK) only after the deadline.
+            deadline.add_metric([name, "finished_late"], stats.finished_late + late.get(name, 0))
+        yield from (count, duration, deadline, rejected, goodput)
+
+    def _dispatchers(self) -> list[tuple[str, Dispatcher]]:
+        """(name, dispatcher) of every loaded model, by name."""
+        return [(name, entry.served.dispatcher) for name, entry in sorted(list(self.repository.models.items()))
+                if entry.served is not None]
+
+    def _models(self) -> Iterator[Metric]:
+        queue_time = HistogramMetricFamily("trtserve_queue_duration_seconds", "Time from queueing a request to its first rows running.", labels=["model"])
+        compute = HistogramMetricFamily("trtserve_compute_duration_seconds", "Engine run time of one batch.", labels=["model"])
+        batch = HistogramMetricFamily("trtserve_batch_size_rows", "Rows per engine run.", labels=["model"])
+        depth = GaugeMetricFamily("trtserve_queue_depth", "Requests waiting in the model's queue.", labels=["model"])
+        queued_rows = GaugeMetricFamily("trtserve_queue_rows", "Rows waiting in the model's queue.", labels=["model"])
+        slots = GaugeMetricFamily("trtserve_slots", "Execution slots (instance_group count).", labels=["model"])
+        busy_now = GaugeMetricFamily("trtserve_slots_busy", "Execution slots running a batch now.", labels=["model"])
+        busy_total = CounterMetricFamily("trtserve_slot_busy_seconds", "Engine run time summed over every slot.", labels=["model"])
+        busy_ratio = GaugeMetricFamily(
+            "trtserve_slot_busy_ratio",
+            "Share of slot time spent running batches since the previous scrape "
+            "(rate(trtserve_slot_busy_seconds_total[w]) / trtserve_slots for a fixed window).",
+            labels=["model"],
+        )
+        padding = GaugeMetricFamily("trtserve_padding_ratio", "Share of the elements run that were padding, since load.", labels=["model"])
+        pad_elems = CounterMetricFamily("trtserve_padding_elements", "Input elements run that were padding.", labels=["model"])
+        all_elems = CounterMetricFamily("trtserve_batch_elements", "Input elements run, padding included.", labels=["model"])
+        ready = GaugeMetricFamily("trtserve_model_ready", "1 when the model serves (loaded, and not every slot hung), else 0.", labels=["model"])
+        unhealthy = GaugeMetricFamily("trtserve_slots_unhealthy", "Execution slots running one batch past the hang limit.", labels=["model"])
+        predicted = GaugeMetricFamily(
+            "trtserve_predicted_batch_seconds",
+            "The latency model: predicted run time of a batch of `rows` rows padded to `length` (measured buckets).",
+            labels=["model", "rows", "length"],
+        )
+        arrival = GaugeMetricFamily("trtserve_arrival_rate_rows", "Rows per second arriving, as the dispatcher estimates it.", labels=["model"])
+        cap = GaugeMetricFamily("trtserve_batch_cap_rows", "Most rows the next batch may take (the adaptive cap, or max_batch_size).", labels=["model"])
+        drain = GaugeMetricFamily(
+            "trtserve_queue_drain_seconds",
+            "Predicted time until every queued row and running batch is done, at the latency model's low estimate "
+            "(what admission compares with deadlines).",
+            labels=["model"],
+        )
+        host = GaugeMetricFamily(
+            "trtserve_batch_host_seconds",
+            "Measured host CPU one batch costs beside its engine run (decide, launch, hand-off, deliver): "
+            "the per-batch cost the adaptive policy weighs against waiting.",
+            labels=["model"],
+        )
+        host_busy = GaugeMetricFamily("trtserve_host_busy_ratio", "Busy share (CPU / wall) of the engine core's event-loop thread, recent windows.", labels=["model"])
+        tight = GaugeMetricFamily(
+            "trtserve_deadline_budget_tight_seconds",
+            "The tight end (10th percentile) of recent requests' deadline budgets (deadline - arrival); batches are "
+            "capped so that such a request arriving during one is still answered in time. Absent while most carry none.",
+            labels=["model"],
+        )
+        now = self.clock.now()
+        for name, entry in sorted(list(self.repository.models.items())):
+            healthy = entry.served is None or entry.served.dispatcher.healthy
+            ready.add_metric([name], 1.0 if entry.state.value == "READY" and healthy else 0.0)
+        for name, dispatcher in self._dispatchers():
+            stats = dispatcher.stats
+            labels = [name]
+            counts, total = stats.queue.snapshot()
+            _histogram(queue_time, labels, counts, total, stats.queue.bounds)
+            counts, total = stats.compute.snapshot()
+            _histogram(compute, labels, counts, total, stats.compute.bounds)
+            sizes = dict(stats.batch_sizes)
+            per_bucket = [0] * (len(BATCH_ROW_BUCKETS) + 1)
+            for size, runs in sizes.items():
+                index = next((i for i, b in enumerate(BATCH_ROW_BUCKETS) if size <= b), len(BATCH_ROW_BUCKETS))
+                per_bucket[index] += runs
+            _histogram(batch, labels, per_bucket, float(sum(size * runs for size, runs in sizes.items())), BATCH_ROW_BUCKETS)
+            n_slots = dispatcher.backend.slots
+            depth.add_metric(labels, len(dispatcher.queue.entries))
+            queued_rows.add_metric(labels, dispatcher.queue.queued_rows)
+            slots.add_metric(labels, n_slots)
+            busy_now.add_metric(labels, n_slots - dispatcher.idle_slots)
+            unhealthy.add_metric(labels, len(dispatcher.unhealthy_slots))
+            arrival.add_metric(labels, dispatcher.arrivals.rate(now))
+            cap.add_metric(labels, dispatcher.cap)
+            wait = dispatcher.predict_wait(math.inf, math.inf, 0)
+            drain.add_metric(labels, wait.start - wait.now)
+            host.add_metric(labels, dispatcher.host_overhead_s)
+            host_busy.add_metric(labels, dispatcher.host_busy_share)
+            if math.isfinite(dispatcher.tight_budget_s):
+                tight.add_metric(labels, dispatcher.tight_budget_s)
+            for length in dispatcher.latency.lengths:
+                for rows, seconds in dispatcher.latency.curve(length).items():
+                    predicted.add_metric([name, str(rows), str(length)], seconds)
+            busy = stats.compute_seconds
+            busy_total.add_metric(labels, busy)
+            then, busy_then = self._last_busy.get(name, (None, 0.0))
+            if then is not None and now > then:
+                busy_ratio.add_metric(labels, min(1.0, max(0.0, (busy - busy_then) / (n_slots * (now - then)))))
+            self._last_busy[name] = (now, busy)
+            padding.add_metric(labels, stats.padding_ratio)
+            pad_elems.add_metric(labels, stats.padded_elements - stats.real_elements)
+            all_elems.add_metric(labels, stats.padded_elements)
+        yield from (queue_time, compute, batch, depth, queued_rows, slots, busy_now, busy_total, busy_ratio, padding, pad_elems, all_elems,
+                    ready, unhealthy, predicted, arrival, cap, drain, host, host_busy, tight)
+
+
+class MetricsServer:
+    """The ``/metrics`` HTTP endpoint of one server, on its own registry and thread.
+
+    Args:
+        collector: what to expose.
+        host, port: where to listen (port 0: an ephemeral port, see :attr:`port`).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+
+    def __init__(self, collector: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self._httpd, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self.host = host
+        self.port: int = self._httpd.server_port
+
+    def close(self) -> None:
+        """Stop listening (a scrape in progress finishes)."""
+        self._httpd.shutdown()
+        self._httpd.server_close()

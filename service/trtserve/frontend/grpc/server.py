@@ -1,0 +1,103 @@
+"""One front end's ``grpc.aio`` server: the inference, ModelControl, health and reflection
+services on one port, shared with the other front ends (SO_REUSEPORT: the kernel spreads
+*connections* over them; every request of one HTTP/2 connection stays in one front end)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+
+import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
+from trtserve._proto.trtserve.v1 import control_pb2, control_pb2_grpc
+from trtserve.clock import Clock
+from trtserve.frontend.grpc.model_control import ModelControlService
+from trtserve.ipc.engine import Engine
+from trtserve.frontend.grpc.security import BearerTokenInterceptor, TlsConfig
+from trtserve.frontend.grpc.service import AUTO, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT, SERVICE_NAME, InferenceService
+
+CONTROL_SERVICE_NAME = control_pb2.DESCRIPTOR.services_by_name["ModelControl"].full_name
+
+
+async def start_frontend(
+    engine: Engine,
+    clock: Clock,
+    pool: Executor,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    reuse_port: bool = False,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    max_receive_bytes: int | None = None,
+    stream_inflight: int = DEFAULT_STREAM_INFLIGHT,
+    max_request_elements: int | None = None,
+    max_inflight_rpcs: int | str | None = None,
+    tls: TlsConfig | None = None,
+    auth_token: str | None = None,
+    auth_health: bool = False,
+) -> tuple[grpc.aio.Server, InferenceService, int]:
+    """Start a front end's ``grpc.aio`` server on ``host:port`` (0: an ephemeral port).
+
+    It answers at once (health NOT_SERVING, requests UNAVAILABLE "still loading") until
+    ``service.loaded()`` has run. Returns the server, the service and the bound port.
+
+    Args:
+        engine: the connection to the engine core (connected).
+        pool: executor for the handlers' pre/post-processing.
+        reuse_port: bind with SO_REUSEPORT, so that other front ends can listen on the same port.
+        max_message_bytes: the largest response (a larger one fails alone with
+            RESOURCE_EXHAUSTED) and, unless ``max_receive_bytes``, the largest request.
+        max_receive_bytes: the largest request message (gRPC refuses a larger one with
+            RESOURCE_EXHAUSTED before it is read); default ``max_message_bytes``.
+        max_request_elements: most elements one request may declare over its inputs
+            (default: the receive limit, which no valid request can exceed).
+        max_inflight_rpcs: most inference requests in progress at once (unary calls and
+            stream messages; health, metadata, statistics and model control never count and
+            are never refused): one more is refused RESOURCE_EXHAUSTED before its tensors are
+            decoded (:class:`~trtserve.frontend.inflight.InflightGate`); ``"auto"``: measured
+            capacity × useful wait of the models served (:mod:`trtserve.batching.capacity`),
+            recomputed when they change; ``None`` or 0: no bound.
+        tls: serve TLS (mutual TLS when it has a client CA) instead of plaintext.
+        auth_token: require ``authorization: Bearer <token>`` on every call, except health
+            checking and reflection unless ``auth_health``.
+
+    Raises:
+        RuntimeError: the address cannot be bound.
+        ValueError: ``max_inflight_rpcs`` is neither a count >= 0 nor "auto".
+    """
+    counted = max_inflight_rpcs is None or (isinstance(max_inflight_rpcs, int) and max_inflight_rpcs >= 0)
+    if max_inflight_rpcs != AUTO and not counted:
+        raise ValueError(f"max_inflight_rpcs must be a count >= 0 or 'auto', got {max_inflight_rpcs!r}")
+    max_receive_bytes = max_receive_bytes or max_message_bytes
+    options = [
+        ("grpc.max_receive_message_length", max_receive_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
+    ]
+    interceptors = [BearerTokenInterceptor(auth_token, protect_health=auth_health)] if auth_token else []
+    service = InferenceService(
+        engine,
+        clock,
+        pool,
+        max_send_bytes=max_message_bytes,
+        stream_inflight=stream_inflight,
+        max_request_elements=max_request_elements or max_receive_bytes,
+        max_inflight=max_inflight_rpcs,
+    )
+
+    server = grpc.aio.server(options=options, interceptors=interceptors)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
+    control_pb2_grpc.add_ModelControlServicer_to_server(ModelControlService(engine, service._call), server)
+    health_pb2_grpc.add_HealthServicer_to_server(service.health, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, CONTROL_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
+    if bound == 0:
+        raise RuntimeError(f"cannot listen on {address}")
+    await service.update_health()
+    await server.start()
+    return server, service, bound

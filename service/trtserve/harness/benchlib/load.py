@@ -1,0 +1,374 @@
+"""Load generators on ``grpc.aio``, in the bench process, against the server subprocess.
+
+Requests travel as bytes serialized before the clock starts (the channel's unary method
+has no serializer, and unary answers are not parsed: only their status is kept). Stream
+answers are parsed for their ``id`` and error code.
+
+Every point runs ``warmup_s`` unmeasured, then a window of ``duration_s``; the requests
+*sent* (closed loop) or *scheduled* (open loop) inside the window are the point's sample,
+each followed to its answer after the window closes. Times are ``time.perf_counter()``
+seconds; latency runs from sending a request to its answer.
+
+A unary call carries a gRPC deadline: by default only :data:`CALL_TIMEOUT_S`, a safety net;
+the open loop's ``grpc_deadline`` gives each call its request's own deadline instead (as a
+client with an SLO would), so an answer that cannot come in time ends the call at that
+deadline on the client's side, DEADLINE_EXCEEDED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import grpc
+import numpy as np
+
+from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve.harness.benchlib.report import Snapshot
+
+if TYPE_CHECKING:
+    from trtserve.harness.benchlib.goclient import GoLoadgen
+
+METHOD = "/inference.GRPCInferenceService/"
+CALL_TIMEOUT_S = 300.0
+"""gRPC deadline of each unary call: a safety net against a hung server, never reached in a
+healthy run (a request's own deadline, where it has one, is its ``timeout`` parameter)."""
+
+Drive = Callable[["Recorder", asyncio.Event], Awaitable[None]]
+
+
+@dataclass
+class Recorder:
+    """Per-request records of one point (appended on the event loop only; times in seconds)."""
+
+    keys: list[int] = field(default_factory=list)
+    scheduled: list[float] = field(default_factory=list)
+    sent: list[float] = field(default_factory=list)
+    done: list[float] = field(default_factory=list)
+    codes: list[str] = field(default_factory=list)
+    late: list[bool] = field(default_factory=list)
+    window_end: float = math.inf
+    """The measuring window's end (set when it closes): the open loop sends every arrival
+    scheduled before it."""
+
+    def add(self, key: int, scheduled: float, sent: float, done: float, code: str, deadline_s: float | None) -> None:
+        """One answer to message ``key``; it is late if OK but more than ``deadline_s`` after it was sent."""
+        self.keys.append(key)
+        self.scheduled.append(scheduled)
+        self.sent.append(sent)
+        self.done.append(done)
+        self.codes.append(code)
+        self.late.append(code == "OK" and deadline_s is not None and done - sent > deadline_s)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The measured part of a point.
+
+    Attributes:
+        seconds: window length.
+        keys: per request, the index of the message it sent in the point's ``messages``
+            (open-loop unary: arrival k sends message k mod len(messages), so with one
+            message per arrival the key is the arrival), in the order of the other arrays.
+        latency_us: per request, send → answer in microseconds.
+        codes: per request, gRPC status name.
+        late_mask: per request, True for an OK answer after its deadline.
+        send_lag_us: per request, send − scheduled arrival in microseconds.
+        before, after: counters at the window's start and after its last answer.
+    """
+
+    seconds: float
+    keys: np.ndarray
+    latency_us: np.ndarray
+    codes: tuple[str, ...]
+    late_mask: np.ndarray
+    send_lag_us: np.ndarray
+    before: Snapshot
+    after: Snapshot
+
+    @property
+    def late(self) -> int:
+        """OK answers after their deadline."""
+        return int(self.late_mask.sum())
+
+
+def open_channels(url: str, count: int, options: Sequence[tuple[str, object]]) -> list[grpc.aio.Channel]:
+    """``count`` insecure ``grpc.aio`` channels to ``url``, each on its own TCP connection.
+
+    gRPC shares one connection among channels to the same target with the same arguments
+    (its global subchannel pool); ``grpc.use_local_subchannel_pool`` gives each channel a
+    pool of its own, so the server sees ``count`` connections (which SO_REUSEPORT spreads
+    over front-end processes). Close them with ``await channel.close()``.
+    """
+    opts = [*options, ("grpc.use_local_subchannel_pool", 1)]
+    return [grpc.aio.insecure_channel(url, options=opts) for _ in range(count)]
+
+
+def _stream_code(response: pb.ModelStreamInferResponse) -> str:
+    if not response.error_message:
+        return "OK"
+    params = response.infer_response.parameters
+    return params["error_code"].string_param if "error_code" in params else "UNKNOWN"
+
+
+async def _on_schedule(arrivals: np.ndarray, stop: asyncio.Event, recorder: Recorder) -> AsyncIterator[tuple[int, float]]:
+    """Yield ``(k, scheduled time)`` at each of ``arrivals`` (seconds from now), until ``stop``
+    is set; then still every arrival scheduled before ``recorder.window_end``. A generator that
+    has fallen behind its schedule (the client's CPU is the limit) so still sends the whole
+    window's sample, late, and its send lag shows by how much, instead of a window with the
+    requests it did not reach left out."""
+    base = time.perf_counter()
+    for k, offset in enumerate(arrivals):
+        # Behind schedule the sleep is 0, which still lets the loop run the calls already sent
+        # (and the window's clock): a generator that never yielded would queue the whole trace.
+        await asyncio.sleep(max(base + offset - time.perf_counter(), 0.0))
+        if stop.is_set() and base + offset >= recorder.window_end:
+            return
+        yield k, base + offset
+
+
+class LoadGenerator:
+    """Drives one server over one or more channels (client connections).
+
+    Unary calls are spread over the channels: caller k of a closed loop (request k of an
+    open loop) uses channel ``k mod len(channels)``, as many clients, or a client's channel
+    pool, would spread them. The stream, ModelStatistics and ModelReady use the first channel.
+
+    Args:
+        channels: ``grpc.aio`` channels to the server, each its own connection (see
+            :func:`open_channels`).
+        server_cpu_s: reads the server's CPU seconds (its whole process tree).
+        server_rss_mib: reads the server's resident memory in MiB (its whole process tree);
+            None: not read (snapshots carry None).
+        warmup_s: unmeasured seconds at the start of each point.
+        duration_s: seconds of each point's measuring window.
+        go: when given, :meth:`open_unary` runs the Go binary (:mod:`.goclient`) over as many
+            connections of its own as this generator has channels, instead of ``grpc.aio``;
+            the client CPU of its points is then the bench process's plus the binary's.
+    """
+
+    def __init__(self, channels: Sequence[grpc.aio.Channel], server_cpu_s: Callable[[], float], warmup_s: float, duration_s: float,
+                 server_rss_mib: Callable[[], float] | None = None, go: GoLoadgen | None = None) -> None:
+        if not channels:
+            raise ValueError("a load generator needs at least one channel")
+        channel = channels[0]
+        self._infers = [c.unary_unary(METHOD + "ModelInfer") for c in channels]
+        self._stream = channel.stream_stream(METHOD + "ModelStreamInfer", response_deserializer=pb.ModelStreamInferResponse.FromString)
+        self._statistics = channel.unary_unary(
+            METHOD + "ModelStatistics",
+            request_serializer=pb.ModelStatisticsRequest.SerializeToString,
+            response_deserializer=pb.ModelStatisticsResponse.FromString,
+        )
+        self._ready = channel.unary_unary(
+            METHOD + "ModelReady",
+            request_serializer=pb.ModelReadyRequest.SerializeToString,
+            response_deserializer=pb.ModelReadyResponse.FromString,
+        )
+        self._server_cpu_s = server_cpu_s
+        self._server_rss_mib = server_rss_mib
+        self.warmup_s = warmup_s
+        self.duration_s = duration_s
+        self._go = go
+
+    @property
+    def connections(self) -> int:
+        """Channels the unary calls are spread over."""
+        return len(self._infers)
+
+    def with_duration(self, duration_s: float) -> LoadGenerator:
+        """The same generator (channels, counters, warm-up) with another window length."""
+        other = copy.copy(self)
+        other.duration_s = duration_s
+        return other
+
+    def with_connections(self, count: int) -> LoadGenerator:
+        """The same generator over only its first ``count`` channels."""
+        if not 1 <= count <= len(self._infers):
+            raise ValueError(f"expected 1 to {len(self._infers)} connections, got {count}")
+        other = copy.copy(self)
+        other._infers = self._infers[:count]
+        return other
+
+    async def model_ready(self, model: str) -> bool:
+        """Whether the server serves ``model`` (ModelReady)."""
+        response = await self._ready(pb.ModelReadyRequest(name=model))
+        return response.ready
+
+    @property
+    def open_loop_client(self) -> str:
+        """The client of :meth:`open_unary`: ``go`` or ``python``."""
+        return "python" if self._go is None else "go"
+
+    async def snapshot(self, model: str, client_cpu_s: Callable[[], float] | None = None) -> Snapshot:
+        """CPU seconds of both processes, the server's resident memory and the model's
+        ModelStatistics counters, now; ``client_cpu_s`` adds the CPU seconds of another client
+        process (the Go binary) to the bench's."""
+        response = await self._statistics(pb.ModelStatisticsRequest(name=model))
+        stats = response.model_stats[0]
+        own = os.times()
+        return Snapshot(
+            server_cpu_s=self._server_cpu_s(),
+            client_cpu_s=own.user + own.system + (client_cpu_s() if client_cpu_s is not None else 0.0),
+            inference_count=stats.inference_count,
+            execution_count=stats.execution_count,
+            batches={b.batch_size: b.compute_infer.count for b in stats.batch_stats},
+            server_rss_mib=self._server_rss_mib() if self._server_rss_mib is not None else None,
+        )
+
+    async def _unary(self, message: bytes, k: int, timeout_s: float = CALL_TIMEOUT_S) -> str:
+        """Send ``message`` on channel ``k mod connections`` with a gRPC deadline of
+        ``timeout_s`` seconds; its status name."""
+        try:
+            await self._infers[k % len(self._infers)](message, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+        return "OK"
+
+    async def _measure(self, model: str, drive: Drive, client_cpu_s: Callable[[], float] | None = None) -> Window:
+        recorder = Recorder()
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(drive(recorder, stop))
+        try:
+            await asyncio.sleep(self.warmup_s)
+            before = await self.snapshot(model, client_cpu_s)
+            start = time.perf_counter()
+            await asyncio.sleep(self.duration_s)
+            end = recorder.window_end = time.perf_counter()
+            stop.set()
+            await task
+        finally:
+            task.cancel()
+        after = await self.snapshot(model, client_cpu_s)
+        scheduled = np.asarray(recorder.scheduled)
+        keep = (scheduled >= start) & (scheduled < end)
+        sent, done = np.asarray(recorder.sent)[keep], np.asarray(recorder.done)[keep]
+        return Window(
+            seconds=end - start,
+            keys=np.asarray(recorder.keys, dtype=np.int64)[keep],
+            latency_us=(done - sent) * 1e6,
+            codes=tuple(np.asarray(recorder.codes, dtype=object)[keep]),
+            late_mask=np.asarray(recorder.late, dtype=bool)[keep],
+            send_lag_us=(sent - scheduled[keep]) * 1e6,
+            before=before,
+            after=after,
+        )
+
+    async def closed_unary(self, model: str, messages: Sequence[bytes], concurrency: int) -> Window:
+        """``concurrency`` callers, each sending its next ModelInfer when the last is answered."""
+
+        async def caller(first: int, recorder: Recorder, stop: asyncio.Event) -> None:
+            i = first
+            while not stop.is_set():
+                key = i % len(messages)
+                i += concurrency
+                sent = time.perf_counter()
+                code = await self._unary(messages[key], first)
+                recorder.add(key, sent, sent, time.perf_counter(), code, None)
+
+        async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
+            await asyncio.gather(*(caller(k, recorder, stop) for k in range(concurrency)))
+
+        return await self._measure(model, drive)
+
+    async def closed_stream(self, model: str, messages: Sequence[bytes], concurrency: int) -> Window:
+        """One ModelStreamInfer stream with ``concurrency`` requests in flight: each answer
+        sends the next. ``messages[i]`` must carry id ``str(i)``; more messages than
+        ``concurrency``, so that the ids in flight are distinct."""
+        if len(messages) <= concurrency:
+            raise ValueError(f"a stream at concurrency {concurrency} needs more than {len(messages)} messages")
+
+        async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
+            call = self._stream()
+            free = deque(range(len(messages)))
+            sent_at = [0.0] * len(messages)
+
+            async def send() -> None:
+                i = free.popleft()
+                sent_at[i] = time.perf_counter()
+                await call.write(messages[i])
+
+            for _ in range(concurrency):
+                await send()
+            inflight = concurrency
+            while inflight:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    raise RuntimeError("the server closed the stream with requests unanswered")
+                i = int(response.infer_response.id)
+                recorder.add(i, sent_at[i], sent_at[i], time.perf_counter(), _stream_code(response), None)
+                free.append(i)
+                inflight -= 1
+                if not stop.is_set():
+                    await send()
+                    inflight += 1
+            await call.done_writing()
+            await call.read()  # EOF: the server has finished the call
+
+        return await self._measure(model, drive)
+
+    async def open_unary(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray, deadline_s: float | Sequence[float],
+                         *, grpc_deadline: bool = False) -> Window:
+        """A ModelInfer at each of ``arrivals`` (seconds from the start, Poisson), each its
+        own call, whether or not earlier ones were answered. Arrival k sends message
+        ``k mod len(messages)``, whose deadline is ``deadline_s`` (seconds; one for all, or one
+        per message, in the order of ``messages``); with ``grpc_deadline`` the call's gRPC
+        deadline is that deadline too. With the Go client (``go``) the same schedule, window and
+        records, sent by the binary. Raises RuntimeError when the binary fails."""
+        deadlines = [float(deadline_s)] * len(messages) if isinstance(deadline_s, (int, float)) else [float(d) for d in deadline_s]
+        if len(deadlines) != len(messages):
+            raise ValueError(f"{len(messages)} messages need as many deadlines, got {len(deadlines)}")
+        if self._go is not None:
+            keys = np.arange(len(arrivals)) % len(messages)
+            call_us = np.round(np.asarray(deadlines) * 1e6).astype(np.int64)[keys] if grpc_deadline else round(CALL_TIMEOUT_S * 1e6)
+            async with self._go.started(messages, schedule=(arrivals, keys, call_us), connections=len(self._infers)) as run:
+                return await self._measure(model, lambda recorder, stop: run.drive(recorder, stop, deadlines), run.cpu_s)
+
+        async def one(k: int, scheduled: float, recorder: Recorder) -> None:
+            key = k % len(messages)
+            sent = time.perf_counter()
+            code = await self._unary(messages[key], k, deadlines[key] if grpc_deadline else CALL_TIMEOUT_S)
+            recorder.add(key, scheduled, sent, time.perf_counter(), code, deadlines[key])
+
+        async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
+            calls = [
+                asyncio.ensure_future(one(k, at, recorder))
+                async for k, at in _on_schedule(arrivals, stop, recorder)
+            ]
+            await asyncio.gather(*calls)
+
+        return await self._measure(model, drive)
+
+    async def open_stream(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray, deadline_s: float) -> Window:
+        """One ModelStreamInfer stream, message k written at ``arrivals[k]`` (seconds from
+        the start, Poisson). ``messages[k]`` must carry id ``str(k)``, one per arrival."""
+        if len(messages) < len(arrivals):
+            raise ValueError(f"{len(arrivals)} arrivals need as many messages, got {len(messages)}")
+
+        async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
+            call = self._stream()
+            scheduled = [0.0] * len(arrivals)
+            sent = [0.0] * len(arrivals)
+
+            async def read() -> None:
+                while (response := await call.read()) is not grpc.aio.EOF:
+                    k = int(response.infer_response.id)
+                    recorder.add(k, scheduled[k], sent[k], time.perf_counter(), _stream_code(response), deadline_s)
+
+            reader = asyncio.ensure_future(read())
+            try:
+                async for k, at in _on_schedule(arrivals, stop, recorder):
+                    scheduled[k], sent[k] = at, time.perf_counter()
+                    await call.write(messages[k])
+                await call.done_writing()
+                await reader
+            finally:
+                reader.cancel()
+
+        return await self._measure(model, drive)

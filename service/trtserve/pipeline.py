@@ -1,0 +1,101 @@
+"""One model as a front end serves it: the handler's pre/post-processing around the engine core.
+
+A request's validated tensors become engine rows here (the handler's ``preprocess``, or the
+tensors themselves; a model without a batch dimension gets one row), cross to the engine core
+(:class:`~trtserve.ipc.client.EngineClient`), and come back to be cut into the
+response tensors (``postprocess``). The handler contract is in :mod:`trtserve.handlers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from trtserve.errors import BackendError, TrtServeError
+from trtserve.handlers import load_handler
+from trtserve.datatypes import Tensors
+from trtserve.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from trtserve.ipc.engine import Engine
+
+T = TypeVar("T")
+
+
+class FrontendModel:
+    """A model served through the engine core.
+
+    Args:
+        spec: the model's configuration (as the engine core loaded it).
+        engine: the connection to the engine core.
+        pool: executor for handler pre/post-processing.
+
+    Raises:
+        ImportError, AttributeError, and whatever the handler's constructor raises: the
+            model's handler cannot be loaded (the front end then reports the model
+            unavailable with that reason).
+    """
+
+    def __init__(self, spec: ModelSpec, engine: Engine, *, pool: Executor) -> None:
+        self.spec = spec
+        self.engine = engine
+        self.pool = pool
+        self.handler = load_handler(spec)
+
+    async def infer(
+        self, inputs: Tensors, *, version: str | None = None, priority: int = 0, timeout: float | None = None,
+        deadline: float = math.inf,
+    ) -> tuple[Tensors, float, str]:
+        """Run one request through pre-processing, the engine core and post-processing.
+
+        Args:
+            inputs: validated request tensors (batch on axis 0 for a batched model).
+            version: the version to run (default: this spec's); empty: the highest version
+                the engine core serves when the rows arrive, so that a request sent across a
+                reload's switch runs on whichever side of it the core is.
+            priority: the ``priority`` parameter (1 is the most urgent; 0 for the default).
+            timeout: the ``timeout`` parameter in seconds, or ``None``.
+            deadline: the gRPC deadline, monotonic seconds (``math.inf``: none).
+
+        Returns:
+            (outputs, deadline, version): output name → array (batch on axis 0 for a batched
+            model), the deadline the engine core resolved for the request (monotonic
+            seconds), and the version that answered.
+
+        Raises:
+            InvalidRequest, QueueFull, RequestTimeout, ShuttingDown, BackendError,
+            ModelNotReady: from the handler (see :mod:`trtserve.handlers`) or the engine core.
+        """
+        if self.handler is not None:
+            pre = await self._on_pool(self.handler.preprocess, inputs)
+            segments = [pre] if isinstance(pre, dict) else list(pre)
+        elif self.spec.batched:
+            segments = [inputs]
+        else:
+            segments = [{name: arr[np.newaxis] for name, arr in inputs.items()}]
+        outputs, resolved, answered = await self.engine.infer(
+            self.spec.name, self.spec.version if version is None else version, segments,
+            priority=priority, timeout=timeout, deadline=deadline,
+        )
+        if self.handler is not None:
+            return await self._on_pool(self.handler.postprocess, inputs, outputs), resolved, answered
+        out = outputs[0]
+        if not self.spec.batched:
+            out = {name: arr[0] for name, arr in out.items()}
+        return out, resolved, answered
+
+    async def _on_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        except TrtServeError:
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"handler {getattr(fn, '__name__', 'stage')} of model '{self.spec.name}' failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc

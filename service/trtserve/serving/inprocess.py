@@ -1,0 +1,68 @@
+"""``trtserve serve --frontends 1``: the engine core and one front end in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+from trtserve.serving.settings import ServeConfig, announcer
+
+log = logging.getLogger("trtserve")
+
+
+async def serve_in_process(config: ServeConfig) -> int:
+    """``--frontends 1``: the engine core and one front end in this process, the front end
+    calling the dispatchers directly (:class:`~trtserve.engine.local.LocalEngine`: no ZeroMQ
+    hop).
+    SIGTERM/SIGINT drains as the tree does; a second signal exits at once."""
+    from trtserve.clock import MonotonicClock
+    from trtserve.engine.local import LocalEngine
+    from trtserve.serving.engine_process import log_models, make_core
+    from trtserve.frontend.drain import drain
+    from trtserve.frontend.grpc.server import start_frontend
+
+    core = make_core(config, None)
+    await core.start()
+    engine = LocalEngine.of(core)
+    pool = ThreadPoolExecutor(config.cpu_workers, thread_name_prefix="cpu")
+    # Listen first, load second: while models load, health says NOT_SERVING, ServerReady
+    # false and ServerLive true, instead of a refused connection.
+    server, service, port = await start_frontend(engine, MonotonicClock(), pool, host=config.host, port=config.port, **config.frontend)
+    announce = announcer(config)
+    announce(f"trtserve bound {config.host}:{port}, loading models")
+    if core.metrics is not None:
+        announce(f"trtserve metrics on http://{config.metrics_host}:{core.metrics.port}/metrics")
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            log.warning("second signal: exiting now")
+            logging.shutdown()
+            os._exit(1)
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    load = asyncio.ensure_future(core.load())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((load, stopped), return_when=asyncio.FIRST_COMPLETED)
+    if load.done():
+        load.result()
+        await service.loaded()
+        log_models(core)
+        announce(f"trtserve listening on {config.host}:{port} (1 front end, in process)")
+    else:
+        log.info("signal while loading: stopping")
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
+    await stopped
+    log.info("draining (grace period %.1f s)", config.grace)
+    await drain(server, service, config.grace)
+    await core.aclose()
+    pool.shutdown(wait=False)
+    log.info("stopped")
+    return 0

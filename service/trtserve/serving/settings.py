@@ -1,0 +1,87 @@
+"""The settings of ``trtserve serve`` and what each of its processes does first.
+
+Kept apart from :mod:`trtserve.serving.supervisor` so that the child processes' mains
+(:mod:`trtserve.serving.engine_process`, :mod:`trtserve.serving.frontend_process`) import the settings, not
+the supervisor that starts them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtserve.engine.lifecycle import LifecycleConfig
+
+log = logging.getLogger("trtserve")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything the processes of one server need (picklable; from the CLI).
+
+    Attributes:
+        repository: the model repository directory.
+        host, port: where the front ends listen (port 0: an ephemeral port).
+        frontends: front-end processes (>= 1).
+        grace: seconds to finish admitted work on SIGTERM.
+        frontend: keyword arguments of :func:`trtserve.frontend.grpc.server.start_frontend`
+            (limits, TLS, auth).
+        cpu_workers: threads per front end for handler pre/post-processing.
+        intra_op_threads: ONNX Runtime threads per session (0: one per core).
+        metrics_host, metrics_port: the engine core's Prometheus endpoint (None: off).
+        log_level, log_format, log_requests: logging of every process (as the CLI's flags).
+        lifecycle: model control mode, models to load, poll interval, readiness rule.
+    """
+
+    repository: Path
+    host: str = "127.0.0.1"
+    port: int = 8001
+    frontends: int = 1
+    grace: float = 30.0
+    frontend: dict[str, Any] = field(default_factory=dict)
+    cpu_workers: int = 2
+    intra_op_threads: int = 0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    log_level: str = "INFO"
+    log_format: str = "text"
+    log_requests: bool = False
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+
+
+def default_frontends() -> int:
+    """``--frontends auto``: one front end per two cores, between 1 and 8 (so 1, one process,
+    on a 2-core machine).
+
+    Measured on 2 cores (README, "Process model"): a second front end adds nothing there
+    (tiny, 64 callers over 8 connections: 1 860–1 990 req/s with one or two, the bench client
+    taking the rest of the box), and the one-process server is the fastest for one caller.
+    Each front end saturates about one core of gRPC work, and the engine core needs cores of
+    its own for the runtimes' threads, hence half: on a 16-core GPU host, 8 front ends.
+    """
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent (the supervisor) dies (Linux
+    ``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so no process outlives the server."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the supervisor's own cleanup remains
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def announcer(config: ServeConfig) -> Any:
+    """How start-up lines are written: stdout, or with ``--log-format json`` a JSON log
+    record like every other line (tools find "listening on HOST:PORT" in either)."""
+    if config.log_format == "json":
+        return lambda line: log.info("%s", line)
+    return lambda line: print(line, flush=True)

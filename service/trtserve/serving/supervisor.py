@@ -1,0 +1,276 @@
+"""``trtserve serve``: the process tree — one engine core and N front ends, supervised
+(with ``--frontends 1``, one process: :func:`serve_in_process`).
+
+::
+
+    trtserve serve (supervisor: starts, restarts, stops; serves nothing itself)
+    ├── engine core      every model's dispatcher and execution slots; the metrics endpoint
+    └── front end × N    grpc.aio on one port (SO_REUSEPORT), each a ZeroMQ DEALER to the core
+
+Start: the engine core binds its socket and starts loading; front end 0 binds the gRPC port
+(a fixed port is first checked to be free, so two servers never share it), the others bind the
+same port; each answers at once (health NOT_SERVING) and is ready once the engine core's model
+table has reached it. Then the supervisor prints ``trtserve listening on HOST:PORT``.
+
+While serving: a front end that exits is restarted on the same port (its in-flight calls fail
+UNAVAILABLE when their connection drops; the engine core drops their queued rows); more than
+``MAX_RESTARTS`` within ``RESTART_WINDOW_S`` stops the server. An engine core that exits takes
+the server down: the front ends are killed and the supervisor exits non-zero, with a log line
+saying why, for an outer supervisor (systemd, Kubernetes) to restart it.
+
+SIGTERM or SIGINT: every front end drains (stops admitting, answers everything admitted,
+within the grace period), then the engine core finishes what is queued and closes its
+runtimes; all exit 0. A second signal kills the tree at once (exit 1). Children die with the
+supervisor (``PR_SET_PDEATHSIG``), so no process is left behind however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections import deque
+from multiprocessing.connection import wait
+from typing import Any
+
+from trtserve.serving.settings import ServeConfig, announcer
+
+log = logging.getLogger("trtserve")
+
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+# Beyond the grace period, how long the supervisor waits for a front end or the engine core
+# to finish stopping before it kills it.
+STOP_SLACK_S = 10.0
+# How long a child may take to bind its socket before the start counts as failed.
+START_TIMEOUT_S = 120.0
+
+
+class Child:
+    """One child process and its pipe: it reports ``("bound", ...)`` and ``("ready",)``; the
+    supervisor may send ``("stop",)``."""
+
+    def __init__(self, name: str, target: Any, args: tuple[Any, ...]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_conn = context.Pipe()
+        self.name = name
+        self.process = context.Process(target=target, args=(*args, child_conn), name=name, daemon=False)
+        self.process.start()
+        child_conn.close()
+
+    def expect(self, kind: str, timeout: float = START_TIMEOUT_S) -> tuple[Any, ...]:
+        """Wait for the child's ``kind`` report.
+
+        Raises:
+            RuntimeError: the child exited or sent nothing in time.
+        """
+        if self.conn.poll(timeout):
+            try:
+                message = self.conn.recv()
+            except EOFError:
+                message = None
+            if message is not None and message[0] == kind:
+                return message
+        self.process.join(1.0)
+        raise RuntimeError(f"{self.name} did not start (exit code {self.process.exitcode})")
+
+    def signal(self, sig: int) -> None:
+        if self.process.pid is not None and self.process.is_alive():
+            try:
+                os.kill(self.process.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+class Supervisor:
+    """Starts and watches the engine core and the front ends of one server (see the module docstring)."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.rundir = tempfile.mkdtemp(prefix="trtserve-")  # mode 0700: the socket is ours alone
+        self.address = f"ipc://{self.rundir}/engine.sock"
+        self.engine: Child | None = None
+        self.frontends: dict[int, Child] = {}
+        self.port = config.port
+        self.restarts: deque[float] = deque()
+        self.stopping = False
+        self._announce = announcer(config)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+
+    def run(self) -> int:
+        """Serve until a signal; returns the exit status (0 after a clean drain)."""
+        self._install_signals()
+        try:
+            return self._serve()
+        except RuntimeError as exc:
+            log.error("%s", exc)
+            self._kill_all()
+            return 1
+        finally:
+            shutil.rmtree(self.rundir, ignore_errors=True)
+
+    def _serve(self) -> int:
+        from trtserve.serving.engine_process import engine_main
+
+        config = self.config
+        if config.port:
+            check_port_free(config.host, config.port)
+        self.engine = Child("engine core", engine_main, (config, self.address))
+        _, metrics_port = self.engine.expect("bound")
+        log.info("engine core started (pid %d)", self.engine.process.pid)
+        self._start_frontend(0, config.port)
+        self._announce(f"trtserve bound {config.host}:{self.port}, loading models")
+        if metrics_port is not None:
+            self._announce(f"trtserve metrics on http://{config.metrics_host}:{metrics_port}/metrics")
+        for index in range(1, config.frontends):
+            self._start_frontend(index, self.port)
+        waiting = set(self.frontends)
+        while waiting and not self.stopping:
+            self._step(ready_wanted=waiting)
+        if not self.stopping:
+            # Tests and tools read the bound port from this line.
+            self._announce(f"trtserve listening on {config.host}:{self.port} ({config.frontends} front end(s))")
+        while not self.stopping:
+            self._step()
+        return self._stop()
+
+    def _start_frontend(self, index: int, port: int) -> None:
+        from trtserve.serving.frontend_process import frontend_main
+
+        child = self.frontends[index] = Child(f"front end {index}", frontend_main, (self.config, self.address, port, index))
+        (_, self.port) = child.expect("bound")
+        log.info("front end %d started on port %d (pid %d)", index, self.port, child.process.pid)
+
+    def _step(self, ready_wanted: set[int] | None = None) -> None:
+        """Wait for one event: a child's report or exit, or a signal."""
+        assert self.engine is not None
+        conns = {child.conn: index for index, child in self.frontends.items()}
+        sentinels = {child.process.sentinel: index for index, child in self.frontends.items()}
+        ready = wait([self._wake_r, self.engine.process.sentinel, *conns, *sentinels])
+        if self.engine.process.sentinel in ready:
+            self.engine.process.join()
+            log.error("the engine core exited (%s): stopping the server", describe_exit(self.engine.process.exitcode))
+            self._kill_all()
+            raise SystemExit(1)
+        for item in ready:
+            if item in conns:
+                index = conns[item]
+                try:
+                    message = item.recv()
+                except EOFError:
+                    continue
+                if message[0] == "ready" and ready_wanted is not None:
+                    ready_wanted.discard(index)
+            elif item in sentinels and not self.stopping:
+                self._restart(sentinels[item])
+        if self._wake_r in ready:
+            os.read(self._wake_r, 64)
+
+    def _restart(self, index: int) -> None:
+        child = self.frontends[index]
+        child.process.join()
+        now = time.monotonic()
+        self.restarts.append(now)
+        while self.restarts and now - self.restarts[0] > RESTART_WINDOW_S:
+            self.restarts.popleft()
+        if len(self.restarts) > MAX_RESTARTS:
+            raise RuntimeError(
+                f"front ends exited {len(self.restarts)} times within {RESTART_WINDOW_S:.0f} s (last: "
+                f"{describe_exit(child.process.exitcode)}): stopping the server"
+            )
+        log.warning("front end %d (pid %s) exited (%s): restarting it", index, child.process.pid,
+                    describe_exit(child.process.exitcode))
+        self._start_frontend(index, self.port)
+
+    def _stop(self) -> int:
+        """Drain: every front end, then the engine core."""
+        assert self.engine is not None
+        log.info("draining %d front end(s) (grace period %.1f s)", len(self.frontends), self.config.grace)
+        for child in self.frontends.values():
+            child.signal(signal.SIGTERM)
+        status = 0
+        limit = self.config.grace + STOP_SLACK_S
+        for child in self.frontends.values():
+            status |= self._wait_exit(child, limit)
+        self.engine.conn.send(("stop",))  # it ignores SIGTERM (see engine.process)
+        status |= self._wait_exit(self.engine, limit)
+        log.info("stopped")
+        return 0 if status == 0 else 1
+
+    def _wait_exit(self, child: Child, limit: float) -> int:
+        child.process.join(limit)
+        if child.process.is_alive():
+            log.error("%s did not stop within %.0f s: killed", child.name, limit)
+            child.signal(signal.SIGKILL)
+            child.process.join()
+            return 1
+        if child.process.exitcode != 0:
+            log.error("%s exited (%s)", child.name, describe_exit(child.process.exitcode))
+            return 1
+        return 0
+
+    def _kill_all(self) -> None:
+        for child in [*self.frontends.values(), *([self.engine] if self.engine else [])]:
+            child.signal(signal.SIGKILL)
+            child.process.join(5.0)
+
+    def _install_signals(self) -> None:
+        def on_signal(signum: int, frame: Any) -> None:
+            if self.stopping:
+                log.warning("second signal: exiting now")
+                self._kill_all()
+                logging.shutdown()
+                os._exit(1)
+            self.stopping = True
+            try:
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:
+                pass
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port some other process listens on (the front ends bind with SO_REUSEPORT,
+    which would otherwise share it with another SO_REUSEPORT server).
+
+    Raises:
+        RuntimeError: the port is in use.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def describe_exit(code: int | None) -> str:
+    """A child's exit code in words: ``exit code 3`` or ``killed by SIGKILL``."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def serve(config: ServeConfig) -> int:
+    """Run the server of ``config`` until a signal; returns the exit status. One front end:
+    one process (:func:`serve_in_process`); more: the supervised tree."""
+    if config.frontends == 1:
+        from trtserve.serving.inprocess import serve_in_process
+
+        return asyncio.run(serve_in_process(config))
+    try:
+        return Supervisor(config).run()
+    except SystemExit as exc:
+        return int(exc.code or 0)
