@@ -1,0 +1,158 @@
+"""The contract between front ends and the engine core (trtserve/ipc): every message kind
+survives its header encoding, tensors cross as raw frames (never pickled), specs and queue
+hints cross whole, errors keep their class, and the query methods on both sides agree."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import pickle
+from pathlib import Path
+from typing import get_type_hints
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from trtserve import errors
+from trtserve.config import BatchingPolicy, QueuePolicy
+from trtserve.datatypes import DATATYPES
+from trtserve.engine.queries import CoreQueries
+from trtserve.ipc import framing
+from trtserve.ipc.admission import QueueHint, deadline_of
+from trtserve.ipc.engine import EngineQueries
+from trtserve.ipc.messages import (
+    CLASS_OF,
+    KIND_OF,
+    Cancel,
+    Error,
+    Hello,
+    Infer,
+    Kind,
+    Outcome,
+    Query,
+    QueryKind,
+    Records,
+    Reply,
+    Result,
+    Table,
+    TableEntry,
+    decode,
+    encode,
+    pickled,
+    unpickled,
+)
+from trtserve.spec import ModelSpec, TensorSpec
+
+HINT = QueueHint(0.002, BatchingPolicy(max_batch_size=8, default_queue=QueuePolicy(default_timeout=0.5)), 12.5,
+                 ((1, 13.0, 13.1),), ((1, 14.0),))
+SAMPLES = [
+    Hello(4242, 3),
+    Infer(7, "minilm", "", 2, 0.25, math.inf, ((("TEXT", "BYTES", (2, 1)),),)),
+    Cancel(7),
+    Records(5, (Outcome("tiny", "OK", 0.004, None, False), Outcome("_unknown", "NOT_FOUND", 0.0001, None, False),
+                Outcome("tiny", "RESOURCE_EXHAUSTED", 0.0002, "queue_full", False)), {"tiny": 2}),
+    Query(8, QueryKind.STATISTICS, ("tiny", "1")),
+    Table(True, False, True, (TableEntry("broken", "UNAVAILABLE", "no version directory", ()),)),
+    Result(7, 100.5, ((("EMBEDDING", "<f4", (2, 384)),),), "1", "minilm", pickled(HINT)),
+    Error(9, "QueueFull", "the queue of model 'tiny' is full", "tiny", pickled(HINT)),
+    Error(10, "ModelNotFound", "unknown model 'nope'"),
+    Reply(8, b"\x0a\x04tiny"),
+    Reply(11, "failed to load model 'x': no config", "InvalidRequest"),
+]
+
+
+def test_every_kind_has_one_class_and_a_sample_here():
+    assert set(KIND_OF.values()) == set(Kind)
+    assert {int(k) for k in Kind} == set(CLASS_OF)
+    assert {type(m) for m in SAMPLES} == set(KIND_OF)
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips_through_its_header(message):
+    again = decode(encode(message))
+    assert type(again) is type(message)
+    assert again == message
+
+
+def test_a_header_holds_the_kind_and_plain_fields_only():
+    kind, *fields = pickle.loads(encode(Cancel(3)))
+    assert kind == Kind.CANCEL and fields == [3]
+
+
+def test_an_unknown_kind_is_refused():
+    with pytest.raises(KeyError):
+        decode(pickle.dumps((99, 1)))
+
+
+def test_tensors_cross_as_raw_frames_and_come_back_as_views():
+    segments = [
+        {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "ids": np.array([[1, 2], [3, 4], [5, 6]], dtype=np.int64)},
+        {"x": np.ones((1, 4), dtype=np.float16), "ids": np.zeros((1, 2), dtype=np.int64)},
+        {"bf": np.array([[1.5, -2.0]], dtype=ml_dtypes.bfloat16), "empty": np.zeros((0, 4), dtype=np.float32)},
+    ]
+    layout, frames = framing.pack(segments)
+    assert all(isinstance(f, (bytes, np.ndarray)) for f in frames)
+    back = framing.unpack(layout, [bytes(f) if isinstance(f, np.ndarray) else f for f in frames])
+    for sent, got in zip(segments, back):
+        assert sent.keys() == got.keys()
+        for name in sent:
+            assert got[name].dtype == sent[name].dtype and got[name].shape == sent[name].shape
+            np.testing.assert_array_equal(got[name].astype(np.float64), sent[name].astype(np.float64))
+    assert not back[0]["x"].flags.writeable  # a view of the frame, not a copy
+
+
+def test_a_non_contiguous_array_crosses_with_its_values():
+    wide = np.arange(20, dtype=np.int32).reshape(4, 5)[:, ::2]
+    layout, frames = framing.pack([{"v": wide}])
+    np.testing.assert_array_equal(framing.unpack(layout, frames)[0]["v"], wide)
+
+
+def test_bytes_tensors_cross_in_the_kserve_raw_form():
+    text = np.array([[b"a sentence"], [b""], ["caf\u00e9".encode()]], dtype=object)
+    layout, frames = framing.pack([{"TEXT": text}])
+    assert layout == ((("TEXT", "BYTES", (3, 1)),),)
+    assert bytes(frames[0])[:4] == len(b"a sentence").to_bytes(4, "little")
+    back = framing.unpack(layout, frames)[0]["TEXT"]
+    assert back.shape == (3, 1) and list(back.reshape(-1)) == [b"a sentence", b"", "caf\u00e9".encode()]
+
+
+def test_a_spec_crosses_with_its_config_message():
+    from trtserve._proto.inference import model_config_pb2 as mc
+
+    config = mc.ModelConfig(name="tiny", max_batch_size=8)
+    spec = ModelSpec("tiny", "1", "onnxruntime_onnx", (TensorSpec("x", DATATYPES["FP32"], (4,)),),
+                     (TensorSpec("y", DATATYPES["FP32"], (2,)),), BatchingPolicy(max_batch_size=8), 1,
+                     Path("engines/tiny"), Path("engines/tiny/1"), {"batching": "adaptive"}, config)
+    sent = decode(encode(Table(True, True, True, (TableEntry("tiny", "READY", "", (framing.spec_out(spec),)),))))
+    back = framing.spec_in(*sent.models[0].specs[0])
+    assert back == spec
+
+
+def test_a_queue_hint_crosses_whole():
+    assert unpickled(pickled(HINT)) == HINT
+
+
+@pytest.mark.parametrize("name", ["QueueFull", "Overloaded", "ModelNotFound", "DeadlineUnmeetable", "InflightFull"])
+def test_an_error_keeps_its_class_and_sentence(name):
+    exc = framing.error_of(name, "why")
+    assert type(exc) is getattr(errors, name) and str(exc) == "why"
+
+
+@pytest.mark.parametrize("name", ["ValueError", "NoSuchError", "Path"])
+def test_a_name_that_is_not_a_trtserve_error_becomes_internal(name):
+    assert type(framing.error_of(name, "boom")) is errors.BackendError
+
+
+def test_every_query_is_a_method_on_both_sides_with_the_same_arguments():
+    for kind in QueryKind:
+        asking = getattr(EngineQueries, kind.value)
+        answering = getattr(CoreQueries, kind.value)
+        assert inspect.iscoroutinefunction(asking)
+        assert list(inspect.signature(asking).parameters) == list(inspect.signature(answering).parameters)
+        assert set(get_type_hints(asking)) - {"return"} == set(get_type_hints(answering)) - {"return"}
+
+
+def test_a_deadline_is_absolute_on_the_shared_monotonic_clock():
+    assert deadline_of(None, 50.0) == math.inf
+    assert deadline_of(0.25, 50.0) == 50.25
