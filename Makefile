@@ -8,7 +8,7 @@ GEN := service/trtserve/_proto
 PROTOS := $(wildcard protos/inference/*.proto protos/trtserve/v1/*.proto)
 DATA ?= ../shared/data
 
-.PHONY: setup protos engine serve demo test reliability bench loadgen clients clean fuzz soak
+.PHONY: setup protos engine serve demo test lint reliability bench loadgen clients clean fuzz soak
 
 ## setup: create .venv with the server, export and dev extras (CPU builds; no GPU needed)
 setup: $(VENV)/.installed
@@ -44,11 +44,17 @@ serve: engine
 demo: engine
 	$(PY) -m trtserve demo --model-repository engines --data $(DATA)
 
-## test: the whole test suite (the command CI runs)
-test: engine
+## test: the rules (ruff; the import contracts in pyproject.toml), then the whole test suite (the command CI runs)
+test: engine lint
 	$(PY) -m pytest -q tests --ignore=tests/compat --ignore=tests/gpu -m 'not timing'
 	# tritonclient registers the same protobuf symbols as trtserve: its tests run in their own process.
 	$(PY) -m pytest -q tests/compat
+
+## lint: ruff over the code and tests, and the import contracts (layers; a front end reaches the engine
+## core only through trtserve.ipc; the engine core never imports a front end or grpc; no cycles)
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check service tests tools engines clients
+	$(VENV)/bin/lint-imports
 
 ## fuzz: the long fuzzing run of the request path, unary and streaming (hypothesis, against a live
 ## server); `make test` runs the same tests with a short budget (150 examples)

@@ -24,15 +24,16 @@ from trtserve.client import Client
 from trtserve.clock import MonotonicClock
 from trtserve.engine.core import EngineCore
 from trtserve.engine.lifecycle import LifecycleConfig
-from trtserve.ipc.client import EngineClient
+from trtserve.engine.registry import ModelRegistry
 from trtserve.frontend.drain import drain
 from trtserve.frontend.grpc.server import start_frontend
-from trtserve.engine.registry import ModelRegistry
+from trtserve.ipc.client import EngineClient
 
 
 class ServerThread:
-    """``with ServerThread(root) as srv:`` — ``srv.url``, ``srv.client()``, ``srv.repository``
-    and ``srv.core`` (the engine core), ``srv.services`` (each front end's inference service;
+    """``with ServerThread(root) as srv:`` — ``srv.url``, ``srv.client()``, ``srv.registry``
+    (the engine core's live models: a :class:`trtserve.engine.registry.ModelRegistry`) and
+    ``srv.core`` (the engine core), ``srv.services`` (each front end's inference service;
     ``srv.service`` the first).
 
     Args:
@@ -93,10 +94,10 @@ class ServerThread:
 
     async def _start(self) -> None:
         clock = MonotonicClock()
-        self.repository = ModelRegistry(self.root, clock=clock, backend_factory=partial(runtimes.create))
+        self.registry = ModelRegistry(self.root, clock=clock, backend_factory=partial(runtimes.create))
         self._dir = tempfile.mkdtemp(prefix="trtserve-test-")
         address = f"ipc://{self._dir}/engine.sock"
-        self.core = EngineCore(self.repository, address, metrics_port=self._metrics_port, lifecycle=self.lifecycle)
+        self.core = EngineCore(self.registry, address, metrics_port=self._metrics_port, lifecycle=self.lifecycle)
         await self.core.start()
         await self.core.load()
         self.servers, self.services, self.engines = [], [], []

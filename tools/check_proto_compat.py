@@ -34,8 +34,7 @@ import subprocess
 import sys
 import tempfile
 
-from google.protobuf import descriptor_pb2, descriptor_pool, json_format
-from google.protobuf import message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,8 +78,9 @@ def is_lenient(full_name):
 
 def compile_ours(outdir, proto_root=PROTO_ROOT):
     """Run protoc; return a DescriptorPool holding our files."""
-    from grpc_tools import protoc
     import importlib.resources
+
+    from grpc_tools import protoc
     # Well-known types shipped with grpc_tools (not needed today, harmless).
     wkt = str(importlib.resources.files("grpc_tools") / "_proto")
     dset = os.path.join(outdir, "trtserve.desc")

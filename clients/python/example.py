@@ -7,7 +7,6 @@ Start a server first (`make serve`). Exits non-zero if an answer is not what it 
 
 from __future__ import annotations
 
-
 import grpc
 import numpy as np
 
@@ -28,7 +27,8 @@ def main(url: str) -> None:
         # with their ids; at most `max_inflight` are unanswered at any time.
         rows = {f"row-{i}": np.full((1, 1 + i % 5), i, np.float32) for i in range(100)}
         answered = {}
-        for request_id, result in client.stream_infer("identity_fp32", ((k, {"INPUT0": v}) for k, v in rows.items()), max_inflight=32):
+        requests = ((k, {"INPUT0": v}) for k, v in rows.items())
+        for request_id, result in client.stream_infer("identity_fp32", requests, max_inflight=32):
             assert not isinstance(result, InferError), result
             answered[request_id] = result["OUTPUT0"]
         assert answered.keys() == rows.keys()

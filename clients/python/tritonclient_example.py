@@ -23,7 +23,8 @@ def main(url: str) -> None:
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     inp = tc.InferInput("INPUT", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
-    out = client.infer("tiny", [inp], outputs=[tc.InferRequestedOutput("OUTPUT")], client_timeout=5.0).as_numpy("OUTPUT")
+    result = client.infer("tiny", [inp], outputs=[tc.InferRequestedOutput("OUTPUT")], client_timeout=5.0)
+    out = result.as_numpy("OUTPUT")
     assert out.shape == (4, 16) and out.dtype == np.float32, (out.shape, out.dtype)
     print(f"tiny: INPUT {x.shape} -> OUTPUT {out.shape} {out.dtype}")
 

@@ -61,54 +61,73 @@ def _boolean(text: str) -> bool:
 
 
 def _add_repository(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-repository", type=Path, default=Path("engines"), help="model repository directory (default: engines)")
+    p.add_argument("--model-repository", type=Path, default=Path("engines"),
+                   help="model repository directory (default: engines)")
 
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser; only the ``selected`` tool's module is imported for its flags."""
-    parser = argparse.ArgumentParser(prog="trtserve", description="trtserve: a gRPC inference server (KServe v2 / Triton protocol) with a deadline-aware batching dispatcher.")
+    """The argument parser; only the ``selected`` tool's module is imported for its flags.
+
+    Every option's default is its ``TRTSERVE_<FLAG>`` environment variable where set; a
+    malformed switch value exits with argparse's usage error (status 2)."""
+    parser = argparse.ArgumentParser(
+        prog="trtserve",
+        description="trtserve: a gRPC inference server (KServe v2 / Triton protocol) "
+                    "with a deadline-aware batching dispatcher.",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     parser.add_argument("--log-format", default="text", choices=["text", "json"],
                         help="log lines as text or as one JSON object each (default: text)")
     parser.add_argument("--log-requests", action="store_true",
-                        help="log one line per request: request id, model, status, duration (logger trtserve.requests)")
+                        help="log one line per request: request id, model, status, duration "
+                             "(logger trtserve.requests)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve the model repository over gRPC (KServe v2 / Triton protocol)")
     _add_repository(serve)
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
     serve.add_argument("--port", type=int, default=8001, help="gRPC port (default: 8001; 0 picks a free one)")
     serve.add_argument("--frontends", default="auto",
-                       help="gRPC front-end processes sharing the port (SO_REUSEPORT; each client connection stays with one); "
-                            "'auto': one per two cores, 1..8 (default: auto)")
+                       help="gRPC front-end processes sharing the port (SO_REUSEPORT; each client connection "
+                            "stays with one); 'auto': one per two cores, 1..8 (default: auto)")
     serve.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
                        help=f"largest request or response message in bytes (default: {DEFAULT_MAX_MESSAGE_BYTES})")
     serve.add_argument("--max-receive-bytes", type=int, default=0,
-                       help="largest request message in bytes, when it should differ from --max-message-bytes (default: 0, the same)")
+                       help="largest request message in bytes, when it should differ from --max-message-bytes "
+                            "(default: 0, the same)")
     serve.add_argument("--stream-inflight", type=int, default=DEFAULT_STREAM_INFLIGHT,
-                       help=f"requests of one stream processed at once before reading pauses (default: {DEFAULT_STREAM_INFLIGHT})")
+                       help="requests of one stream processed at once before reading pauses "
+                            f"(default: {DEFAULT_STREAM_INFLIGHT})")
     serve.add_argument("--max-inflight-rpcs", default="auto",
-                       help="most inference requests in progress per front end (unary calls and stream messages; health, "
-                            "metadata, statistics and model control never count); more are answered RESOURCE_EXHAUSTED "
-                            "before their tensors are decoded. 'auto' (default): the models' measured capacity x their "
-                            "longest default timeout, recomputed as models load and unload (none where a model has "
-                            "neither default_timeout nor max_queue_size); 0: no bound")
-    serve.add_argument("--cpu-workers", type=int, default=2, help="threads per front end for handler pre/post-processing (default: 2)")
-    serve.add_argument("--intra-op-threads", type=int, default=0, help="ONNX Runtime threads per session (default: 0, one per core)")
-    serve.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish queued work on SIGTERM or SIGINT (default: 30)")
+                       help="most inference requests in progress per front end (unary calls and stream messages; "
+                            "health, metadata, statistics and model control never count); more are answered "
+                            "RESOURCE_EXHAUSTED before their tensors are decoded. 'auto' (default): the models' "
+                            "measured capacity x their longest default timeout, recomputed as models load and unload "
+                            "(none where a model has neither default_timeout nor max_queue_size); 0: no bound")
+    serve.add_argument("--cpu-workers", type=int, default=2,
+                       help="threads per front end for handler pre/post-processing (default: 2)")
+    serve.add_argument("--intra-op-threads", type=int, default=0,
+                       help="ONNX Runtime threads per session (default: 0, one per core)")
+    serve.add_argument("--grace-period", type=float, default=30.0,
+                       help="seconds to finish queued work on SIGTERM or SIGINT (default: 30)")
     serve.add_argument("--max-request-elements", type=int, default=0,
-                       help="most tensor elements one request may declare over its inputs, checked before any allocation "
-                            "(default: 0, as many as --max-message-bytes)")
+                       help="most tensor elements one request may declare over its inputs, checked before any "
+                            "allocation (default: 0, as many as --max-message-bytes)")
     serve.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics HTTP port (default: 0, off)")
-    serve.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint (default: 127.0.0.1)")
+    serve.add_argument("--metrics-host", default="127.0.0.1",
+                       help="address of the metrics endpoint (default: 127.0.0.1)")
     serve.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM); with --tls-key, serve TLS")
     serve.add_argument("--tls-key", type=Path, help="server private key (PEM)")
-    serve.add_argument("--tls-ca", type=Path, help="CA certificates (PEM) for mutual TLS: clients must present a certificate signed by them")
+    serve.add_argument("--tls-ca", type=Path,
+                       help="CA certificates (PEM) for mutual TLS: clients must present a certificate signed by them")
     serve.add_argument("--auth-token-file", type=Path,
-                       help=f"require 'authorization: Bearer <token>' with the token in this file (else ${AUTH_TOKEN_ENV}, if set)")
+                       help="require 'authorization: Bearer <token>' with the token in this file "
+                            f"(else ${AUTH_TOKEN_ENV}, if set)")
     serve.add_argument("--auth-health", action="store_true",
                        help="require the token for health checking and reflection too (default: they stay open)")
-    serve.add_argument("--model-control-mode", choices=[m.value for m in ControlMode], default=ControlMode.NONE.value,
+    serve.add_argument("--model-control-mode", choices=[m.value for m in ControlMode],
+                       default=ControlMode.NONE.value,
                        help="none: every model loaded at start, no changes; poll: the repository is rescanned every "
                             "--repository-poll-secs; explicit: RepositoryModelLoad/Unload decide (default: none)")
     serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
@@ -132,10 +151,14 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
 # Subcommands: name → (module with add_arguments(parser) and run(args) -> int, help). The user
 # tools are in trtserve/tools/; the developer harness (bench, simulate) in trtserve/harness/.
 TOOLS = {
-    "build": ("trtserve.tools.build", "build every model of the repository (ONNX exports, test models, TensorRT plans)"),
-    "demo": ("trtserve.tools.demo", "the main job on real data: STS-B dev through a live server, then a corpus embed"),
-    "check": ("trtserve.tools.check", "check that a model (and its handler) gives the same answers batched as alone"),
-    "bench": ("trtserve.harness.bench", "served throughput and latency against the raw engine, in one run, with plots"),
+    "build": ("trtserve.tools.build",
+              "build every model of the repository (ONNX exports, test models, TensorRT plans)"),
+    "demo": ("trtserve.tools.demo",
+             "the main job on real data: STS-B dev through a live server, then a corpus embed"),
+    "check": ("trtserve.tools.check",
+              "check that a model (and its handler) gives the same answers batched as alone"),
+    "bench": ("trtserve.harness.bench",
+              "served throughput and latency against the raw engine, in one run, with plots"),
     "simulate": ("trtserve.harness.simulate",
                  "compare dispatch policies (fixed timers vs adaptive) on the same simulated arrival trace"),
     "profile": ("trtserve.tools.profile",
@@ -179,7 +202,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if frontends < 1:
             raise ValueError
     except ValueError:
-        print(f"trtserve serve: --frontends must be 'auto' or a whole number >= 1, got '{args.frontends}'", file=sys.stderr)
+        print(f"trtserve serve: --frontends must be 'auto' or a whole number >= 1, got '{args.frontends}'",
+              file=sys.stderr)
         return 2
     try:
         inflight: int | str = "auto" if args.max_inflight_rpcs == "auto" else int(args.max_inflight_rpcs)
@@ -250,7 +274,8 @@ def _lifecycle(args: argparse.Namespace) -> LifecycleConfig:
 
 
 def _security(args: argparse.Namespace) -> dict[str, object]:
-    """TLS and auth keyword arguments of ``start_frontend`` from the flags and the environment.
+    """TLS and auth keyword arguments of :func:`~trtserve.frontend.grpc.server.start_frontend`
+    from the flags and the environment.
 
     Raises:
         ValueError: an incomplete TLS pair, a CA without TLS, or an unreadable or empty file.

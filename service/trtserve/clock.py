@@ -27,21 +27,28 @@ class Clock(Protocol):
 
 
 class Cancellable(Protocol):
-    def cancel(self) -> object: ...
+    """A scheduled callback (what :meth:`Clock.call_at` returns)."""
+
+    def cancel(self) -> object:
+        """Drop the callback if it has not run yet."""
+        ...
 
 
 class MonotonicClock:
     """The production clock: :func:`time.monotonic` and ``asyncio.sleep``."""
 
     def now(self) -> float:
+        """:func:`time.monotonic`, seconds."""
         return time.monotonic()
 
     async def sleep_until(self, when: float) -> None:
+        """``asyncio.sleep`` until ``when`` (at once if it has passed)."""
         delay = when - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
 
     def call_at(self, when: float, callback: Callable[[], object]) -> Cancellable:
+        """``loop.call_later`` at ``when``; the handle cancels it."""
         return asyncio.get_running_loop().call_later(max(when - time.monotonic(), 0.0), callback)
 
 
@@ -64,9 +71,11 @@ class FakeClock:
         self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def now(self) -> float:
+        """The fake time, seconds."""
         return self._now
 
     async def sleep_until(self, when: float) -> None:
+        """Return once :meth:`advance` reaches ``when`` (after one loop turn if it has passed)."""
         if when <= self._now:
             await asyncio.sleep(0)
             return
@@ -78,6 +87,8 @@ class FakeClock:
             self._sleepers = [(t, f) for t, f in self._sleepers if f is not fut]
 
     def call_at(self, when: float, callback: Callable[[], object]) -> Cancellable:
+        """Run ``callback`` on the loop once the fake time reaches ``when`` (on the next turn if
+        it already has); the returned future cancels it."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(lambda f: None if f.cancelled() else callback())
         if when <= self._now:

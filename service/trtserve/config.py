@@ -1,10 +1,11 @@
 """The batching policy of one model, validated at construction.
 
-Built by ``trtserve.repository`` from a model's ``config.pbtxt`` (``max_batch_size``,
+Built by :mod:`trtserve.repository` from a model's ``config.pbtxt`` (``max_batch_size``,
 ``dynamic_batching`` with its ``default_queue_policy`` and ``priority_queue_policy``, and a
 few ``parameters``); field names follow Triton's so that a Triton config means the same thing
 here. All times are seconds. Changed at run time only by replacing the whole object
-(``Dispatcher.set_policy``), which takes effect for the next batch.
+(:meth:`trtserve.batching.dispatcher.Dispatcher.set_policy`), which takes effect for the next
+batch.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ class BatchingPolicy:
         adaptive: the adaptive policy (default): with a free slot, wait for more rows only
             while the engine, at the batch size queued now, runs fewer rows per second than
             arrive (measured arrival rate), or the host thread's per-batch work at that size
-            would push it past its target share (``batching.policy.HOST_TARGET``), and only as
-            long as the deadlines allow. False: Triton's fixed timer, waiting up to
+            would push it past its target share (:data:`trtserve.batching.policy.HOST_TARGET`),
+            and only as long as the deadlines allow. False: Triton's fixed timer, waiting up to
             ``max_queue_delay`` for a fuller batch.
         adaptive_batch_size: let the dispatcher cap batches at the knee of the measured
             throughput curve (at most ``max_batch_size``) instead of always up to

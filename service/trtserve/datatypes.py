@@ -2,8 +2,8 @@
 
 The table follows the Open Inference Protocol's tensor datatype list (BOOL, UINT8..UINT64,
 INT8..INT64, FP16, BF16, FP32, FP64, BYTES) and the ``InferTensorContents`` field each one uses
-when sent typed rather than raw (``../shared/notes/protocol.md`` b2). FP16 and BF16 have no
-typed field: they travel only as raw little-endian bytes. BF16 is held as
+when sent typed rather than raw. FP16 and BF16 have no typed field: they travel only as raw
+little-endian bytes. BF16 is held as
 ``ml_dtypes.bfloat16`` so raw bytes round-trip bit for bit.
 """
 

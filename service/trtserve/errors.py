@@ -1,7 +1,9 @@
 """The one exception hierarchy of trtserve.
 
-Every layer below the gRPC service raises these; ``trtserve.server`` maps them to gRPC
-status codes in one table (:data:`trtserve.server.STATUS_FOR`). Nothing else imports grpc.
+Every layer below the front ends raises these. The gRPC front end maps them to status codes in
+one table, :data:`trtserve.frontend.grpc.status.STATUS_FOR` (the most specific class listed
+wins; an error not listed is INTERNAL); nothing below the front ends imports grpc. The hierarchy, whether
+retrying the same request can help, and the status each class is answered with:
 
 ::
 
@@ -11,7 +13,7 @@ status codes in one table (:data:`trtserve.server.STATUS_FOR`). Nothing else imp
     ├── Unsupported          permanent  UNIMPLEMENTED       valid, but not something trtserve does
     ├── ResponseTooLarge     permanent  RESOURCE_EXHAUSTED  this answer exceeds the send limit
     ├── RequestTimeout       permanent  DEADLINE_EXCEEDED   the deadline passed before it could run
-    │   └── DeadlineUnmeetable            DEADLINE_EXCEEDED   refused at admission: even an idle server is too slow
+    │   └── DeadlineUnmeetable  permanent  DEADLINE_EXCEEDED  refused at admission: even an idle server is too slow
     ├── BackendError         permanent  INTERNAL            the engine failed on this batch
     └── Retryable            (retry later, elsewhere or after backoff)
         ├── QueueFull        RESOURCE_EXHAUSTED  the model's queue is at max_queue_size

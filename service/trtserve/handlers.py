@@ -1,11 +1,12 @@
 """Model handlers: a model's own pre- and post-processing, beside its config.
 
-A model may have ``engines/<model>/handler.py`` defining::
+A model may have ``engines/<model>/handler.py`` defining (``Tensors`` is ``dict[str, np.ndarray]``,
+:data:`trtserve.datatypes.Tensors`)::
 
     class Handler:
         def __init__(self, model_dir: pathlib.Path, spec: trtserve.spec.ModelSpec): ...
-        def preprocess(self, inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]] | dict[str, np.ndarray]
-        def postprocess(self, inputs: dict[str, np.ndarray], outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
+        def preprocess(self, inputs: Tensors) -> list[Tensors] | Tensors: ...
+        def postprocess(self, inputs: Tensors, outputs: list[Tensors]) -> Tensors: ...
 
 ``preprocess`` turns one request's validated tensors into engine rows: one or more
 *segments*, each a dict of engine-input name → array with rows on axis 0 (segments may differ

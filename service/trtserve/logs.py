@@ -26,6 +26,7 @@ class JsonFormatter(logging.Formatter):
     the ``extra`` fields (request id, model, status, timings) and ``exc_info`` if any."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON (values that are not JSON types as ``str``)."""
         out: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
             "level": record.levelname,

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from trtserve.datatypes import Tensors
 from trtserve.errors import BackendError, TrtServeError
 from trtserve.handlers import load_handler
-from trtserve.datatypes import Tensors
 from trtserve.spec import ModelSpec
 
 if TYPE_CHECKING:

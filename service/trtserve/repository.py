@@ -19,8 +19,8 @@ from google.protobuf import text_format
 
 from trtserve._proto.inference import model_config_pb2 as mc
 from trtserve.config import BatchingPolicy, QueuePolicy, TimeoutAction
-from trtserve.handlers import HANDLER_FILE
 from trtserve.datatypes import BY_CONFIG_NAME
+from trtserve.handlers import HANDLER_FILE
 from trtserve.spec import ModelSpec, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,10 @@ HONOURED_FIELDS = frozenset({
     "version_policy.latest.num_versions", "version_policy.all", "version_policy.specific.versions",
 })
 # Messages whose presence alone means something (``dynamic_batching { }``, ``latest { }``).
-HONOURED_CONTAINERS = frozenset({"input", "output", "instance_group", "dynamic_batching", "version_policy", "version_policy.latest",
-                                 "version_policy.specific"})
+HONOURED_CONTAINERS = frozenset({
+    "input", "output", "instance_group", "dynamic_batching", "version_policy", "version_policy.latest",
+    "version_policy.specific",
+})
 # The ``parameters`` keys trtserve itself reads (repository, dispatcher, runtimes, warm-up).
 # Any other key is for the model's own code: a handler or a Python model reads it from
 # ``spec.parameters``; a model with neither would ignore it, so it is refused.
@@ -164,7 +166,8 @@ def served_versions(policy: mc.ModelVersionPolicy, available: list[int], path: P
             raise ConfigError(f"{path}: version_policy specific lists no versions (the model has {available})")
         if missing:
             raise ConfigError(
-                f"{path}: version_policy specific names versions {missing} with no directory (the model has {available})"
+                f"{path}: version_policy specific names versions {missing} with no directory "
+                f"(the model has {available})"
             )
         return wanted
     return available[-(policy.latest.num_versions or 1):]  # latest { } without a number: 1, as Triton
@@ -253,7 +256,8 @@ def _declared_or_found_platform(config: mc.ModelConfig, version_dir: Path, path:
                 f"{path}: unknown platform/backend '{declared}'; trtserve serves {sorted(set(PLATFORMS))}"
             )
         return PLATFORMS[declared]
-    for filename, platform in (("model.plan", "tensorrt_plan"), ("model.onnx", "onnxruntime_onnx"), ("model.py", "python")):
+    found_by_file = (("model.plan", "tensorrt_plan"), ("model.onnx", "onnxruntime_onnx"), ("model.py", "python"))
+    for filename, platform in found_by_file:
         if (version_dir / filename).exists():
             return platform
     raise ConfigError(f"{path}: no platform given and no model file in {version_dir}")
@@ -284,7 +288,13 @@ def _policy(config: mc.ModelConfig, parameters: dict[str, str]) -> BatchingPolic
     """The batching policy: Triton's fields, plus trtserve's ``parameters``:
     ``batching`` ("adaptive", the default, or "fixed"), ``adaptive_batch_size`` ("true"),
     ``latency_budget_us``, ``priority_aging_us``, ``length_bucketing`` ("false" to disable),
-    ``pad_value``, ``split_oversized_requests``, ``warmup_length``."""
+    ``pad_value``, ``split_oversized_requests``. (``warmup_length`` is read by the warm-up,
+    :meth:`trtserve.engine.model.EngineModel.start`.)
+
+    Raises:
+        ValueError: a parameter that is not a number, an unknown ``batching``, or a policy
+            :class:`~trtserve.config.BatchingPolicy` refuses.
+    """
     db = config.dynamic_batching
 
     def number(key: str, default: float) -> float:

@@ -1,4 +1,4 @@
-"""Immutable descriptions of a model and its tensors, built by ``trtserve.repository``."""
+"""Immutable descriptions of a model and its tensors, built by :mod:`trtserve.repository`."""
 
 from __future__ import annotations
 
@@ -66,7 +66,9 @@ class ModelSpec:
         return self.policy.max_batch_size > 0
 
     def input(self, name: str) -> TensorSpec | None:
+        """The client-facing input called ``name``, or ``None`` if the model has none."""
         return next((t for t in self.inputs if t.name == name), None)
 
     def output(self, name: str) -> TensorSpec | None:
+        """The client-facing output called ``name``, or ``None`` if the model has none."""
         return next((t for t in self.outputs if t.name == name), None)

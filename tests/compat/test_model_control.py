@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tc
 from tritonclient.utils import InferenceServerException
+
 from trtserve.tools.child_server import ServerProcess
 
 

@@ -37,7 +37,9 @@ def stats_server(tmp_path_factory):
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
     }
 
 
@@ -65,7 +67,8 @@ def test_statistics_count_a_known_workload_and_match_the_metrics(stats_server):
     assert int(infer["success"]["count"]) == len(rows) == metric("trtserve_requests_total", model="tiny", code="OK")
     assert int(infer["fail"]["count"]) == 1 == metric("trtserve_requests_total", model="tiny", code="INVALID_ARGUMENT")
     assert int(infer["success"]["ns"]) > 0
-    assert int(infer["success"]["ns"]) / 1e9 == pytest.approx(metric("trtserve_request_duration_seconds_sum", model="tiny", code="OK"), rel=1e-3)
+    duration = metric("trtserve_request_duration_seconds_sum", model="tiny", code="OK")
+    assert int(infer["success"]["ns"]) / 1e9 == pytest.approx(duration, rel=1e-3)
     assert int(stats["inference_count"]) == sum(rows) == metric("trtserve_batch_size_rows_sum", model="tiny")
     executions = int(stats["execution_count"])
     assert 1 <= executions <= len(rows) and executions == metric("trtserve_batch_size_rows_count", model="tiny")
@@ -75,5 +78,6 @@ def test_statistics_count_a_known_workload_and_match_the_metrics(stats_server):
     assert abs(int(stats["last_inference"]) / 1000 - time.time()) < 60
     # Every request was queued and ran once (the dispatcher's stats hooks; a 0 fails, not skips).
     # JSON leaves a zero count out, hence .get.
-    assert int(infer["queue"].get("count", 0)) == len(rows) == metric("trtserve_queue_duration_seconds_count", model="tiny")
+    queued = metric("trtserve_queue_duration_seconds_count", model="tiny")
+    assert int(infer["queue"].get("count", 0)) == len(rows) == queued
     assert int(infer["compute_infer"].get("count", 0)) == len(rows)

@@ -5,7 +5,7 @@
 #   2. where TensorRT's builder installs: plans for tiny and minilm (fp32, fp16) compared with
 #      ONNX Runtime (fp32 <= 1e-3, fp16 <= 1e-2 abs), refusals, two concurrent slots, and
 #      throughput per batch size (tests/gpu/test_tensorrt_gpu.py), and C15: two slots under 16
-#      concurrent clients against the sequential reference (tests/gpu/test_c15_trt_concurrency.py).
+#      concurrent clients against the sequential reference (tests/gpu/test_tensorrt_concurrent_slots.py).
 #      Otherwise it says it skipped.
 # Usage: bash tests/gpu/run.sh   (GPU_VENV=dir to choose where the throwaway venv goes)
 set -uo pipefail
@@ -59,7 +59,7 @@ if pip 150 "$trt_pkg" && "$PY" -c "import tensorrt as t; t.Builder" 2>/dev/null;
   "$PY" -c "import tensorrt as t; print('TensorRT', t.__version__)"
   remaining=$(( 290 - (SECONDS - T0) ))
   timeout $(( remaining > 30 ? remaining : 30 )) "$PY" -m pytest -q -s -p no:cacheprovider \
-    tests/gpu/test_tensorrt_gpu.py tests/gpu/test_c15_trt_concurrency.py \
+    tests/gpu/test_tensorrt_gpu.py tests/gpu/test_tensorrt_concurrent_slots.py \
     "tests/unit/test_tensorrt_cpu.py::test_tensorrt_stub_names_exist_in_the_installed_tensorrt" || status=1
 else
   echo "SKIPPED the TensorRT checks: ${trt_pkg} (TensorRT's full builder) could not be installed or imported here;"

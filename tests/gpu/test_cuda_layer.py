@@ -80,7 +80,10 @@ def test_a_packed_batch_survives_the_device_round_trip_byte_for_byte(device_info
     specs = [TensorSpec("input_ids", DATATYPES["INT64"], (-1,)), TensorSpec("x", DATATYPES["FP16"], (4,))]
     rng = np.random.default_rng(7)
     parts: tuple[dict[str, np.ndarray], ...] = tuple(
-        {"input_ids": rng.integers(0, 30000, (n, length)).astype(np.int64), "x": rng.standard_normal((n, 4)).astype(np.float16)}
+        {
+            "input_ids": rng.integers(0, 30000, (n, length)).astype(np.int64),
+            "x": rng.standard_normal((n, 4)).astype(np.float16),
+        }
         for n, length in ((2, 5), (1, 9), (3, 2))
     )
     batch = Batch(parts, rows=6)

@@ -48,7 +48,8 @@ def _copy_model(name: str, root: Path, max_batch_size: int | None = None) -> Pat
 
 
 def _build(model_dir: Path, precision: str, cache: Path) -> Path:
-    from trtserve.tools.build import BuildOptions, build_model
+    from trtserve.tools.build import build_model
+    from trtserve.tools.build_options import BuildOptions
 
     started = time.perf_counter()
     status = build_model(model_dir, BuildOptions(precision=precision, timing_cache=cache), force=True)
@@ -107,7 +108,8 @@ def test_tiny_plan_matches_onnxruntime(trt, tmp_path, precision):
             _run(backend, 1, [{"INPUT": np.zeros((65, 64), np.float32)}])
         assert np.array_equal(_run(backend, 1, pieces[:1])["OUTPUT"], out[:1])  # the slot still works
         if precision == "fp32":
-            _throughput(backend, lambda n: {"INPUT": rng.standard_normal((n, 64)).astype(np.float32)}, [1, 2, 4, 8, 16, 32, 64], "tiny fp32")
+            _throughput(backend, lambda n: {"INPUT": rng.standard_normal((n, 64)).astype(np.float32)},
+                        [1, 2, 4, 8, 16, 32, 64], "tiny fp32")
     finally:
         asyncio.run(backend.aclose())
 
@@ -164,7 +166,8 @@ def test_a_plan_from_another_tensorrt_version_is_refused(trt, tmp_path):
     sidecar = json.loads(sidecar_path.read_text())
     sidecar["tensorrt_version"] = "10.0.0.1"
     sidecar_path.write_text(json.dumps(sidecar))
-    with pytest.raises(BackendError, match=r"built with TensorRT 10\.0\.0\.1 but this server runs TensorRT .*; rebuild with make engine"):
+    refusal = r"built with TensorRT 10\.0\.0\.1 but this server runs TensorRT .*; rebuild with make engine"
+    with pytest.raises(BackendError, match=refusal):
         TensorRTBackend(plan, max_batch_size=64)
     sidecar_path.unlink()  # no sidecar: loaded unchecked (with a warning), works
     backend = TensorRTBackend(plan, max_batch_size=64)

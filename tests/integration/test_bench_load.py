@@ -31,7 +31,10 @@ def client(request):
 
 def run_open_loop(url: str, grpc_deadline: bool, client=None):
     # No timeout parameter: only the gRPC deadline (when given) can end a tight call early.
-    messages = [build_request("slow", {"INPUT0": np.full((1, 4), k, np.float32)}).SerializeToString() for k in range(len(ARRIVALS))]
+    messages = [
+        build_request("slow", {"INPUT0": np.full((1, 4), k, np.float32)}).SerializeToString()
+        for k in range(len(ARRIVALS))
+    ]
     deadlines = [TIGHT_S if k % 2 == 0 else LOOSE_S for k in range(len(ARRIVALS))]
 
     async def go():

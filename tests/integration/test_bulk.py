@@ -30,6 +30,7 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
+from integration.helpers import free_port  # noqa: E402
 from trtserve.tools.bulklib.sink import PartStore  # noqa: E402
 from trtserve.tools.child_server import ServerProcess  # noqa: E402
 
@@ -71,7 +72,8 @@ def tiny_input(tmp_path_factory, engines) -> tuple[Path, dict[str, np.ndarray]]:
     rows = corpus(TINY_ROWS)
     x = np.stack([features(r["text"]) for r in rows])
     path = tmp_path_factory.mktemp("tiny") / "tiny10k.parquet"
-    table = pa.table({"id": [r["id"] for r in rows], "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 64)})
+    values = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 64)
+    table = pa.table({"id": [r["id"] for r in rows], "x": values})
     pq.write_table(table, path, row_group_size=1000)
     session = ort.InferenceSession(str(engines / "tiny" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
     out = np.concatenate([session.run(None, {"INPUT": x[i : i + 1]})[0] for i in range(len(x))])
@@ -296,7 +298,8 @@ def test_bad_rows_go_to_the_errors_file_with_the_servers_message(servers, tmp_pa
     proc, summary = run_bulk("--input", tmp_path / "num.parquet", "--model", "tiny", "--input-column", "x",
                              "--output", tmp_path / "num_out.parquet", "--endpoint", servers[0].url, "--fail-on-error")
     assert proc.returncode == 1 and summary["errors"] == 2 and summary["rows_written"] == 8
-    records = {r["id"]: r for r in map(json.loads, (tmp_path / "num_out.parquet.errors.jsonl").read_text().splitlines())}
+    lines = (tmp_path / "num_out.parquet.errors.jsonl").read_text().splitlines()
+    records = {r["id"]: r for r in map(json.loads, lines)}
     assert "shape [1, 63]" in records["n3"]["message"] and records["n3"]["code"] == "INVALID_ARGUMENT"
     assert "null" in records["n6"]["message"]
     wrong = tmp_path / "wrong.jsonl"
@@ -367,6 +370,28 @@ def test_final_merge_is_exactly_once_after_a_crash_between_rename_and_cleanup(tm
     assert sorted(pq.read_table(out).column("id").to_pylist()) == ["a", "b", "c", "d"]
 
 
+def test_bulk_job_stops_on_sigterm_while_no_server_answers(tmp_path):
+    """While the bulk job waits for a server to come up (retrying UNAVAILABLE), SIGTERM stops it
+    at once with exit code 1, not after the stall timeout."""
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "a", "x": [1.0]}) + "\n")
+    proc = subprocess.Popen([sys.executable, "-m", "trtserve", "bulk", "--input", str(tmp_path / "in.jsonl"),
+                             "--model", "ident", "--input-column", "INPUT0=x", "--endpoint", f"127.0.0.1:{free_port()}",
+                             "--output", str(tmp_path / "out.parquet"), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while "retrying" not in line:  # it is in the discovery loop
+            assert time.monotonic() < deadline
+            line = proc.stderr.readline()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "interrupted by SIGTERM" in err
+    assert "never retrieved" not in err
+
+
 @pytest.mark.timeout(600)
 def test_c36_rows_refused_only_with_retryable_codes_are_left_for_a_re_run_not_made_final(engines, tmp_path):
     """C36 (b): 60 rows through a model with a queue of 2 and 200 ms per row, with --max-retries 1,
@@ -380,9 +405,10 @@ def test_c36_rows_refused_only_with_retryable_codes_are_left_for_a_re_run_not_ma
     root = tmp_path / "repo"
     shutil.copytree(engines / "slow", root / "slow")
     config = root / "slow" / "config.pbtxt"
+    queue = "dynamic_batching { default_queue_policy { max_queue_size: 2 } }"
     config.write_text(config.read_text()
                       .replace("max_batch_size: 8", "max_batch_size: 1")
-                      .replace("dynamic_batching { }", "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
+                      .replace("dynamic_batching { }", queue)
                       .replace('"20"', '"200"').replace('"1" }', '"0" }'))
     data = tmp_path / "in.jsonl"
     bad = {13, 41}
@@ -407,7 +433,8 @@ def test_c36_rows_refused_only_with_retryable_codes_are_left_for_a_re_run_not_ma
             assert not out.exists()  # not final while rows are pending
         else:
             pytest.fail(f"still rows pending after {len(runs)} runs: {[r['pending'] for r in runs]}")
-    print(f"\nC36: pending after each run {[r.get('pending') for r in runs]}, rows written {[r.get('rows_written') for r in runs]}")
+    print(f"\nC36: pending after each run {[r.get('pending') for r in runs]}, "
+          f"rows written {[r.get('rows_written') for r in runs]}")
     assert len(runs) >= 2, "the first run was expected to leave rows pending (a queue of 2, 8 in flight)"
     assert runs[0]["errors"] == 2 and runs[0]["rows_written"] + runs[0]["pending"] == 60
     for before, after in itertools.pairwise(runs):

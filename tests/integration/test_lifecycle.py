@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request
 from trtserve.engine.lifecycle import ControlMode, LifecycleConfig
@@ -126,7 +127,7 @@ def test_several_versions_serve_at_once_each_answering_as_itself(tmp_path, engin
         only = c.stub.ModelStatistics(pb.ModelStatisticsRequest(name="tiny", version="3"))
         assert [s.version for s in only.model_stats] == ["3"]
         assert set(index(c)) == {("tiny", "2"), ("tiny", "3")}
-    dispatchers = {m.dispatcher for m in srv.repository.models["tiny"].versions.values()}
+    dispatchers = {m.dispatcher for m in srv.registry.models["tiny"].versions.values()}
     assert len(dispatchers) == 2  # each version its own dispatcher and slots
 
 
@@ -156,7 +157,7 @@ def test_explicit_mode_loads_only_what_is_asked_then_load_and_unload(tmp_path, e
         # The core answers once it serves the model and has sent every front end the new table;
         # each builds its part as the table arrives (or on its first request for it).
         for s in srv.services:
-            wait_for(lambda: s.table.ready("identity_fp32", ""), "every front end serves the loaded model")
+            wait_for(lambda s=s: s.table.ready("identity_fp32", ""), "every front end serves the loaded model")
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"], x)
         unload(c, "tiny")
         assert index(c)[("tiny", "")] == ("UNAVAILABLE", "unloaded")
@@ -183,7 +184,7 @@ def test_load_with_a_config_override_is_honoured_or_refused(tmp_path, engines, m
     with srv.client() as c:
         load(c, "tiny", {"config": json.dumps(config)})
         assert c.stub.ModelConfig(pb.ModelConfigRequest(name="tiny")).config.max_batch_size == 8
-        assert srv.repository.get("tiny").dispatcher.policy.max_batch_size == 8
+        assert srv.registry.get("tiny").dispatcher.policy.max_batch_size == 8
         refused = {
             "unsupported field": ({"config": json.dumps({**config, "sequence_batching": {}})},
                                   grpc.StatusCode.INVALID_ARGUMENT, "sequence_batching"),
@@ -192,7 +193,8 @@ def test_load_with_a_config_override_is_honoured_or_refused(tmp_path, engines, m
             "unknown parameter": ({"colour": "red"}, grpc.StatusCode.INVALID_ARGUMENT, "no parameter 'colour'"),
             # Shapes the model file does not have would load and then fail every request.
             "input dims": ({"config": json.dumps({**config, "input": [{**config["input"][0], "dims": [65]}]})},
-                           grpc.StatusCode.INVALID_ARGUMENT, "config input 'INPUT' has dims [65] but the model file has [64]"),
+                           grpc.StatusCode.INVALID_ARGUMENT,
+                           "config input 'INPUT' has dims [65] but the model file has [64]"),
             "output dims": ({"config": json.dumps({**config, "output": [{**config["output"][0], "dims": [17]}]})},
                             grpc.StatusCode.INVALID_ARGUMENT, "config output 'OUTPUT' has dims [17]"),
             "no batch axis": ({"config": json.dumps({**config, "max_batch_size": 0})},
@@ -309,11 +311,12 @@ def reload_under_load(srv, root: Path, model: str, other: str, request: pb.Model
 def test_reload_under_steady_load_fails_nothing_and_switches_once(tmp_path, engines, make_server):
     make_repo(tmp_path, engines, {"tiny": [1], "identity_fp32": [1]})
     srv = make_server(tmp_path, lifecycle=LifecycleConfig(mode=ControlMode.EXPLICIT, load_models=("*",)))
-    clients, start, end = reload_under_load(srv, tmp_path, "tiny", "identity_fp32", build_request("tiny", {"INPUT": ROWS}))
+    request = build_request("tiny", {"INPUT": ROWS})
+    clients, start, end = reload_under_load(srv, tmp_path, "tiny", "identity_fp32", request)
     assert clients.errors == []
     for number in range(clients.threads):
         assert clients.switches(number) == ("1", "2", 1), f"client {number}"
-    assert srv.repository.models["tiny"].versions.keys() == {"2"}
+    assert srv.registry.models["tiny"].versions.keys() == {"2"}
     print(f"reload under load: {len(clients.results)} requests, 0 failed, "
           f"longest wait across the switch {clients.longest_across(start, end) * 1e3:.1f} ms")
 
@@ -359,7 +362,7 @@ def test_unload_answers_everything_queued_then_refuses(tmp_path, engines, make_s
     for t in callers:
         t.start()
     wait_for(lambda: sum(len(p.pending) for p in srv.core.peers.values()) == 24, "every request queued or running")
-    assert len(srv.repository.get("slow").dispatcher.queue.entries) >= 8
+    assert len(srv.registry.get("slow").dispatcher.queue.entries) >= 8
     with srv.client() as c:
         unload(c, "slow")  # answered once everything queued has been answered
         assert len(outcomes) == 24

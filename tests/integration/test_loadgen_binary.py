@@ -19,7 +19,9 @@ from trtserve.harness.benchlib.goclient import read_records, schedule_rows, writ
 GRPC_OK, GRPC_DEADLINE_EXCEEDED = 0, 4
 
 
-def start(binary: Path, url: str, tmp_path: Path, messages: list[bytes], calls: np.ndarray, connections: int = 2) -> subprocess.Popen:
+def start(
+    binary: Path, url: str, tmp_path: Path, messages: list[bytes], calls: np.ndarray, connections: int = 2
+) -> subprocess.Popen:
     write_messages(tmp_path / "messages.bin", messages)
     calls.tofile(tmp_path / "schedule.bin")
     return subprocess.Popen(
@@ -65,14 +67,17 @@ def test_a_stop_line_ends_the_sending_but_not_the_answers(server, loadgen_binary
 
 def test_bad_arguments_are_refused_with_a_sentence(loadgen_binary, tmp_path):
     message = build_request("tiny", {"INPUT": np.ones((1, 64), np.float32)}).SerializeToString()
-    proc = start(loadgen_binary, "10.1.2.3:8001", tmp_path, [message], schedule_rows(np.zeros(1), np.zeros(1, np.int64), 0))
+    calls = schedule_rows(np.zeros(1), np.zeros(1, np.int64), 0)
+    proc = start(loadgen_binary, "10.1.2.3:8001", tmp_path, [message], calls)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "not a loopback IP address" in err
 
-    proc = start(loadgen_binary, "127.0.0.1:1", tmp_path, [message], schedule_rows(np.zeros(1), np.ones(1, np.int64), 0))
+    calls = schedule_rows(np.zeros(1), np.ones(1, np.int64), 0)
+    proc = start(loadgen_binary, "127.0.0.1:1", tmp_path, [message], calls)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "call 0 sends message 1 of 1" in err
 
-    proc = start(loadgen_binary, "127.0.0.1:1", tmp_path, [message], schedule_rows(np.array([1.0, 0.5]), np.zeros(2, np.int64), 0))
+    calls = schedule_rows(np.array([1.0, 0.5]), np.zeros(2, np.int64), 0)
+    proc = start(loadgen_binary, "127.0.0.1:1", tmp_path, [message], calls)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "non-decreasing" in err

@@ -15,9 +15,9 @@ import pytest
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request
-from trtserve.tools.testmodels import config_text, mean_over_sequence, write_model
 from trtserve.tools.check import check_model
 from trtserve.tools.demo import REFERENCE_SPEARMAN, embed_stream, read_stsb, spearman_of_cosines
+from trtserve.tools.testmodels import config_text, mean_over_sequence, write_model
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -115,7 +115,7 @@ def test_handler_fan_out_is_gathered_under_concurrent_load(make_server, tmp_path
     with ThreadPoolExecutor(16) as pool:
         diffs = [d for ds in pool.map(client, range(16)) for d in ds]
     assert len(diffs) == 64 and max(diffs) < 1e-5
-    assert srv.repository.get("fanout").dispatcher.stats.mean_batch_size > 1
+    assert srv.registry.get("fanout").dispatcher.stats.mean_batch_size > 1
 
 
 def test_check_passes_for_minilm(engines):

@@ -23,8 +23,8 @@ import pytest
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request
-from trtserve.tools.demo import read_stsb
 from trtserve.tools.child_server import ServerProcess
+from trtserve.tools.demo import read_stsb
 
 ENGINES = Path(__file__).resolve().parents[2] / "engines"
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -36,7 +36,8 @@ def copy_minilm(root: Path, *, without: tuple[str, ...] = ()) -> Path:
     """``engines/minilm`` copied to ``root/minilm`` (less the files named in ``without``)."""
     missing = [n for n in ("model.onnx", *TOKENIZER_FILES) if not (ENGINES / "minilm" / "1" / n).is_file()]
     assert not missing, f"engines/minilm/1 lacks {missing}: run `make engine` first"
-    return Path(shutil.copytree(ENGINES / "minilm", root / "minilm", ignore=shutil.ignore_patterns("__pycache__", *without)))
+    ignore = shutil.ignore_patterns("__pycache__", *without)
+    return Path(shutil.copytree(ENGINES / "minilm", root / "minilm", ignore=ignore))
 
 
 def without_package(tmp_path: Path) -> dict[str, str]:
@@ -48,8 +49,9 @@ def without_package(tmp_path: Path) -> dict[str, str]:
     )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(blocker.parent), env.get("PYTHONPATH", "")) if p)
-    probe = subprocess.run([sys.executable, "-c", f"import importlib.resources; importlib.resources.files({PACKAGE!r})"],
-                           env=env, capture_output=True, text=True, timeout=60, check=False)
+    code = f"import importlib.resources; importlib.resources.files({PACKAGE!r})"
+    probe = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                           check=False)
     assert f"ModuleNotFoundError: No module named {PACKAGE} (blocked by the test)" in probe.stderr, probe.stderr
     return env
 
@@ -57,7 +59,8 @@ def without_package(tmp_path: Path) -> dict[str, str]:
 def trtserve_build(repository: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``trtserve build`` of minilm alone, as ``make engine`` runs it (no TensorRT plans here)."""
     return subprocess.run([sys.executable, "-m", "trtserve", "build", "--model-repository", str(repository),
-                           "--no-tensorrt", "minilm"], env=env, capture_output=True, text=True, timeout=300, check=False)
+                           "--no-tensorrt", "minilm"],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 def mtimes(directory: Path) -> dict[str, int]:

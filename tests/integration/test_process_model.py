@@ -24,12 +24,11 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from reliability.harness import gate_batches, wait_for, write_gate
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request
 from trtserve.tools.child_server import ServerProcess
-
-from reliability.harness import gate_batches, wait_for, write_gate
 
 CONNECTIONS = 24  # the kernel hashes each connection to a front end: all 24 on one has p = 2**-23
 # gRPC shares one connection between channels of equal target and options (its global
@@ -50,7 +49,11 @@ def free_port() -> int:
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def pids(srv: ServerProcess) -> dict[str, int]:
@@ -115,7 +118,8 @@ def test_two_front_ends_share_one_port_and_the_server_counts_as_one(tree):
             stub = pb_grpc.GRPCInferenceServiceStub(conn)
             for j in range(3):
                 stub.ModelInfer(request(k * 10 + j + 1), timeout=30)
-        stats = pb_grpc.GRPCInferenceServiceStub(channels[0]).ModelStatistics(pb.ModelStatisticsRequest(name="gated"), timeout=30)
+        stub = pb_grpc.GRPCInferenceServiceStub(channels[0])
+        stats = stub.ModelStatistics(pb.ModelStatisticsRequest(name="gated"), timeout=30)
     finally:
         for conn in channels:
             conn.close()
@@ -238,7 +242,8 @@ def _drain_while_admitted(srv: ServerProcess, t: Tree, procs: dict[str, int], ch
                         for k, c in enumerate(channels)]
             assert wait_for(lambda: t.metric("trtserve_inflight_requests") == CONNECTIONS, 30), (
                 t.metric("trtserve_inflight_requests"), t.metric("trtserve_queue_depth", model="gated"), t.ran(),
-                [f for f in admitted if f.done()][:2], [t.metric("trtserve_frontend_requests_total", frontend=str(i)) for i in (0, 1)])
+                [f for f in admitted if f.done()][:2],
+                [t.metric("trtserve_frontend_requests_total", frontend=str(i)) for i in (0, 1)])
             srv.proc.send_signal(signal.SIGTERM)
             with channel(srv.url) as late:
                 assert wait_for(lambda: _refused(late), 10)

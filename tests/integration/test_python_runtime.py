@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
-from trtserve.client import build_request, parse_response
+from trtserve.client import build_request
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 ISOLATIONS = ["thread", "process"]
@@ -86,7 +86,7 @@ def test_16_concurrent_clients_unary_and_streaming_are_batched(make_server, tmp_
 
     with ThreadPoolExecutor(16) as pool:
         assert sum(pool.map(client, range(16))) == len(inputs)
-    stats = srv.repository.get("double").dispatcher.stats
+    stats = srv.registry.get("double").dispatcher.stats
     assert max(stats.batch_sizes) > 1, stats.batch_sizes
     assert stats.batches < len(inputs)
 
@@ -105,10 +105,12 @@ def test_slow_expired_requests_are_never_executed(make_server, engines, tmp_path
     shutil.copytree(engines / "slow", tmp_path / "slow")
     config = tmp_path / "slow" / "config.pbtxt"
     config.write_text(
-        config.read_text().replace("dynamic_batching { }", "dynamic_batching { priority_levels: 2 default_priority_level: 2 }")
+        config.read_text().replace(
+            "dynamic_batching { }", "dynamic_batching { priority_levels: 2 default_priority_level: 2 }"
+        )
     )
     srv = make_server(tmp_path)
-    served = srv.repository.get("slow")
+    served = srv.registry.get("slow")
     model = served.backend.models[0]
     executed, expired = model.executed, served.dispatcher.stats.expired_before_run
     x = np.ones((8, 4), np.float32)
@@ -253,10 +255,11 @@ def test_a_worker_that_dies_during_a_batch_is_replaced(make_server, tmp_path):
 def test_bad_python_models_are_unavailable_with_a_reason(make_server, tmp_path):
     write_python_model(tmp_path, "bogus_isolation", DOUBLE, isolation="fork")
     write_python_model(tmp_path, "no_model_class", "class Predictor:\n    pass\n")
-    write_python_model(tmp_path, "setup_fails", "class Model:\n    def setup(self, config):\n        raise OSError('no weights')\n", isolation="process")
+    source = "class Model:\n    def setup(self, config):\n        raise OSError('no weights')\n"
+    write_python_model(tmp_path, "setup_fails", source, isolation="process")
     write_python_model(tmp_path, "ok", DOUBLE)
     srv = make_server(tmp_path)
-    reasons = {name: entry.reason for name, entry in srv.repository.models.items()}
+    reasons = {name: entry.reason for name, entry in srv.registry.models.items()}
     assert reasons["ok"] == ""
     assert "isolation" in reasons["bogus_isolation"] and "fork" in reasons["bogus_isolation"]
     assert "no class 'Model'" in reasons["no_model_class"]

@@ -23,7 +23,8 @@ def sample(datatype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     dtype = DATATYPES[datatype].numpy
     if datatype == "BYTES":
-        flat = np.array([bytes(rng.integers(0, 128, rng.integers(0, 12)).astype(np.uint8)) for _ in range(int(np.prod(shape)))], dtype=object)
+        values = [bytes(rng.integers(0, 128, rng.integers(0, 12)).astype(np.uint8)) for _ in range(int(np.prod(shape)))]
+        flat = np.array(values, dtype=object)
         return flat.reshape(shape)
     if datatype == "BOOL":
         return rng.integers(0, 2, shape).astype(bool)
@@ -41,7 +42,8 @@ def dtype_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("repo")
     for dt in [*NUMERIC, "BYTES", "BF16"]:
         name = f"identity_{dt.lower()}"
-        write_model(root, name, identity(dt, (-1,)), config_text(name, [("INPUT0", dt, (-1,))], [("OUTPUT0", dt, (-1,))]))
+        config = config_text(name, [("INPUT0", dt, (-1,))], [("OUTPUT0", dt, (-1,))])
+        write_model(root, name, identity(dt, (-1,)), config)
     write_model(
         root, "nobatch", identity("FP32", (2, 3), batched=False),
         config_text("nobatch", [("INPUT0", "FP32", (2, 3))], [("OUTPUT0", "FP32", (2, 3))], max_batch_size=0, extra=""),
@@ -109,19 +111,27 @@ def raw_request(model: str, name: str, datatype: str, shape: list[int], data: by
 
 FIVE = np.arange(5, dtype=np.float32).tobytes()
 BAD_REQUESTS = {
-    "too many bytes": (raw_request("identity_fp32", "INPUT0", "FP32", [1, 5], FIVE + b"\0" * 8), ["INPUT0", "20", "28"]),
+    "too many bytes": (
+        raw_request("identity_fp32", "INPUT0", "FP32", [1, 5], FIVE + b"\0" * 8), ["INPUT0", "20", "28"]
+    ),
     "too few bytes": (raw_request("identity_fp32", "INPUT0", "FP32", [1, 5], FIVE[:12]), ["INPUT0", "20", "12"]),
     "wrong datatype": (raw_request("identity_fp32", "INPUT0", "INT32", [1, 5], FIVE), ["INPUT0", "INT32", "FP32"]),
     "unknown datatype": (raw_request("identity_fp32", "INPUT0", "FLOAT", [1, 5], FIVE), ["INPUT0", "FLOAT"]),
     "unknown input": (raw_request("identity_fp32", "INPUT9", "FP32", [1, 5], FIVE), ["INPUT9", "INPUT0"]),
-    "missing batch dim": (raw_request("tiny", "INPUT", "FP32", [64], bytes(256)), ["INPUT", "[-1, 64]", "[64]", "batch"]),
+    "missing batch dim": (
+        raw_request("tiny", "INPUT", "FP32", [64], bytes(256)), ["INPUT", "[-1, 64]", "[64]", "batch"]
+    ),
     "wrong dim": (raw_request("tiny", "INPUT", "FP32", [1, 63], bytes(252)), ["INPUT", "[1, 63]", "[-1, 64]"]),
     "zero batch": (raw_request("tiny", "INPUT", "FP32", [0, 64], b""), ["INPUT", "batch size"]),
     "zero dim": (raw_request("identity_fp32", "INPUT0", "FP32", [1, 0], b""), ["INPUT0", "zero"]),
     "negative dim": (raw_request("identity_fp32", "INPUT0", "FP32", [1, -3], b""), ["INPUT0", "negative"]),
     "overflowing shape": (raw_request("identity_fp32", "INPUT0", "FP32", [2**40, 2**40], b""), ["INPUT0"]),
-    "broken BYTES prefix": (raw_request("echo_bytes", "INPUT0", "BYTES", [1, 1], b"\x09\0\0\0abc"), ["INPUT0", "9 bytes"]),
-    "non-UTF-8 text for ONNX": (raw_request("echo_bytes", "INPUT0", "BYTES", [1, 1], b"\x02\0\0\0\xff\xfe"), ["INPUT0", "UTF-8"]),
+    "broken BYTES prefix": (
+        raw_request("echo_bytes", "INPUT0", "BYTES", [1, 1], b"\x09\0\0\0abc"), ["INPUT0", "9 bytes"]
+    ),
+    "non-UTF-8 text for ONNX": (
+        raw_request("echo_bytes", "INPUT0", "BYTES", [1, 1], b"\x02\0\0\0\xff\xfe"), ["INPUT0", "UTF-8"]
+    ),
 }
 
 
@@ -145,7 +155,9 @@ def test_duplicate_and_missing_inputs_and_unknown_outputs(server):
     typed_fp16 = pb.ModelInferRequest(model_name="identity_fp32")
     t = typed_fp16.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2])
     t.contents.int_contents.extend([1, 2])
-    for request, word in ((dup, "more than once"), (missing, "missing input 'INPUT0'"), (unknown_out, "NOPE"), (typed_fp16, "int_contents")):
+    cases = ((dup, "more than once"), (missing, "missing input 'INPUT0'"), (unknown_out, "NOPE"),
+             (typed_fp16, "int_contents"))
+    for request, word in cases:
         with server.client() as c, pytest.raises(grpc.RpcError) as err:
             c.stub.ModelInfer(request)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, word
@@ -154,7 +166,9 @@ def test_duplicate_and_missing_inputs_and_unknown_outputs(server):
 
 def test_unknown_model_and_version_are_not_found(server):
     with server.client() as c:
-        for request in (raw_request("nope", "X", "FP32", [1], b"\0" * 4), pb.ModelInferRequest(model_name="tiny", model_version="7")):
+        unknown = (raw_request("nope", "X", "FP32", [1], b"\0" * 4),
+                   pb.ModelInferRequest(model_name="tiny", model_version="7"))
+        for request in unknown:
             with pytest.raises(grpc.RpcError) as err:
                 c.stub.ModelInfer(request)
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -169,18 +183,21 @@ def test_32_concurrent_clients_get_exactly_their_own_rows(server, engines):
     rng = np.random.default_rng(3)
     inputs = [rng.standard_normal((1 + i % 3, 64)).astype(np.float32) for i in range(32 * 8)]
     expected = [reference_tiny(engines, x) for x in inputs]
-    before = server.repository.get("tiny").dispatcher.stats.batches
+    before = server.registry.get("tiny").dispatcher.stats.batches
     start = threading.Barrier(32)
 
     def client(k: int) -> list[bool]:
         with server.client() as c:
             start.wait()
-            return [np.allclose(c.infer("tiny", {"INPUT": inputs[j]})["OUTPUT"], expected[j], atol=1e-5) for j in range(k, len(inputs), 32)]
+            return [
+                np.allclose(c.infer("tiny", {"INPUT": inputs[j]})["OUTPUT"], expected[j], atol=1e-5)
+                for j in range(k, len(inputs), 32)
+            ]
 
     with ThreadPoolExecutor(32) as pool:
         results = [ok for oks in pool.map(client, range(32)) for ok in oks]
     assert len(results) == len(inputs) and all(results)
-    stats = server.repository.get("tiny").dispatcher.stats
+    stats = server.registry.get("tiny").dispatcher.stats
     assert stats.batches - before < len(inputs)  # some requests shared a batch
 
 
@@ -263,10 +280,15 @@ def test_health_and_metadata(server):
 
 
 def test_broken_model_is_unavailable_with_reason_and_others_serve(make_server, tmp_path):
-    write_model(tmp_path, "good", identity("FP32", (-1,)), config_text("good", [("INPUT0", "FP32", (-1,))], [("OUTPUT0", "FP32", (-1,))]))
+    config = config_text("good", [("INPUT0", "FP32", (-1,))], [("OUTPUT0", "FP32", (-1,))])
+    write_model(tmp_path, "good", identity("FP32", (-1,)), config)
     bad = tmp_path / "bad"
     (bad / "1").mkdir(parents=True)
-    (bad / "config.pbtxt").write_text('name: "bad" platform: "onnxruntime_onnx" max_batch_size: 4 input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ] output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]')
+    (bad / "config.pbtxt").write_text(
+        'name: "bad" platform: "onnxruntime_onnx" max_batch_size: 4 '
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ] '
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]'
+    )
     (bad / "1" / "model.onnx").write_bytes(b"not an onnx file")
     srv = make_server(tmp_path)
     with srv.client() as c:
@@ -274,7 +296,8 @@ def test_broken_model_is_unavailable_with_reason_and_others_serve(make_server, t
         with pytest.raises(grpc.RpcError) as err:
             c.infer("bad", {"X": np.ones((1, 2), np.float32)})
         index = c.stub.RepositoryIndex(pb.RepositoryIndexRequest())
-        np.testing.assert_array_equal(c.infer("good", {"INPUT0": np.ones((1, 2), np.float32)})["OUTPUT0"], np.ones((1, 2)))
+        good = c.infer("good", {"INPUT0": np.ones((1, 2), np.float32)})["OUTPUT0"]
+        np.testing.assert_array_equal(good, np.ones((1, 2)))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     states = {m.name: (m.state, m.reason) for m in index.models}
     assert states["good"] == ("READY", "")

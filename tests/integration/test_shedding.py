@@ -20,13 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 import pytest
-from integration.test_ops import free_port, sample, scrape
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from integration.helpers import free_port, sample, scrape
 from reliability.harness import row as probe_row
 from reliability.harness import wait_for, write_probe
-from trtserve.batching.capacity import best_rows_per_second
 from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve.batching.capacity import best_rows_per_second
 from trtserve.client import Client, build_request
 from trtserve.engine.lifecycle import ControlMode, LifecycleConfig
 from trtserve.tools.child_server import ServerProcess
@@ -47,7 +48,7 @@ def details_of(fn, *args, **kw) -> tuple[grpc.StatusCode, str]:
 def test_a_deadline_too_short_is_refused_before_decoding_and_counted(make_server, tmp_path):
     write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=2000)
     srv = make_server(tmp_path, frontends=1, metrics_port=0)
-    dispatcher = srv.repository.get("slow").dispatcher
+    dispatcher = srv.registry.get("slow").dispatcher
     with srv.client() as c:
         c.infer("slow", row(1.0), timeout=30)  # the model's queue hint comes back with the answer
         crossed, refused = srv.core.frontend_requests[0], dispatcher.stats.expired_before_run
@@ -89,7 +90,7 @@ def test_behind_a_loaded_queue_a_short_deadline_is_refused_and_nothing_queued_is
     # 100 ms per batch of up to 4 rows: 40 queued rows are a second of work, on any machine.
     write_probe(tmp_path, "slow", max_batch_size=4, batch_ms=100, dynamic=URGENT)
     srv = make_server(tmp_path, frontends=2, metrics_port=0)
-    dispatcher = srv.repository.get("slow").dispatcher
+    dispatcher = srv.registry.get("slow").dispatcher
     with srv.client() as c, ThreadPoolExecutor(41) as pool:
         load = load_ahead(pool, c, 40)
         assert wait_for(lambda: dispatcher.queue.queued_rows >= 30, 10)
@@ -121,7 +122,7 @@ def test_behind_a_loaded_queue_a_short_deadline_is_refused_and_nothing_queued_is
 def test_a_front_end_refuses_before_crossing_from_the_queue_hint(make_server, tmp_path):
     write_probe(tmp_path, "slow", max_batch_size=4, batch_ms=100, dynamic=URGENT)
     srv = make_server(tmp_path, frontends=1, metrics_port=0)
-    dispatcher = srv.repository.get("slow").dispatcher
+    dispatcher = srv.registry.get("slow").dispatcher
     with srv.client() as c, ThreadPoolExecutor(41) as pool:
         first = pool.submit(c.infer, "slow", row(1.0), timeout=60, priority=1)
         assert wait_for(lambda: dispatcher.idle_slots == 0, 10)
@@ -144,7 +145,7 @@ def test_a_full_queue_is_refused_before_crossing(make_server, tmp_path):
     # 1.5 s a batch: the queue stays full far longer than the two calls below take.
     write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=1500, dynamic="default_queue_policy { max_queue_size: 2 }")
     srv = make_server(tmp_path, frontends=1, metrics_port=0)
-    dispatcher = srv.repository.get("slow").dispatcher
+    dispatcher = srv.registry.get("slow").dispatcher
     with srv.client() as c, ThreadPoolExecutor(3) as pool:
         held = [pool.submit(c.infer, "slow", row(1.0 + i), timeout=60) for i in range(3)]
         assert wait_for(lambda: dispatcher.idle_slots == 0 and len(dispatcher.queue) == 2, 10)
@@ -194,7 +195,7 @@ def test_the_automatic_inflight_bound_is_capacity_times_the_default_timeout(make
     srv = make_server(tmp_path, frontends=1, max_inflight_rpcs="auto")
     admission = srv.service.inflight
     assert wait_for(lambda: admission.limit is not None, 10)
-    capacity = best_rows_per_second(srv.repository.get("slow").dispatcher)
+    capacity = best_rows_per_second(srv.registry.get("slow").dispatcher)
     assert 0 < capacity <= 2.0
     assert admission.limit == math.ceil(capacity * 2.0 + 1) and 2 <= admission.limit <= 5
     with srv.client() as c:
@@ -243,7 +244,7 @@ def test_without_deadlines_or_queue_bounds_there_is_no_automatic_bound(make_serv
 def test_stream_messages_are_refused_with_their_own_id(make_server, tmp_path):
     write_probe(tmp_path, "slow", max_batch_size=4, batch_ms=100, dynamic=URGENT)
     srv = make_server(tmp_path, frontends=1)
-    dispatcher = srv.repository.get("slow").dispatcher
+    dispatcher = srv.registry.get("slow").dispatcher
     with srv.client() as c, ThreadPoolExecutor(40) as pool:
         load = load_ahead(pool, c, 40)
         assert wait_for(lambda: dispatcher.queue.queued_rows >= 30, 10)
@@ -261,8 +262,8 @@ def test_trtserve_serve_applies_the_automatic_bound(tmp_path, frontends):
     # Each front end bounds its requests in progress (2 queued + 1 running) once the models load.
     write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=500, dynamic="default_queue_policy { max_queue_size: 2 }")
     metrics = free_port()
-    with (ServerProcess(tmp_path, "--frontends", frontends, "--metrics-port", str(metrics)) as srv, Client(srv.url) as c,
-          ThreadPoolExecutor(3) as pool):
+    with (ServerProcess(tmp_path, "--frontends", frontends, "--metrics-port", str(metrics)) as srv,
+          Client(srv.url) as c, ThreadPoolExecutor(3) as pool):
         # The first call runs before the others queue: three arriving together would find the
         # queue (max_queue_size 2) full before the first had left it.
         held = [pool.submit(c.infer, "slow", row(1.0), timeout=60)]

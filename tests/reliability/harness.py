@@ -145,7 +145,7 @@ def write_identity(
 
 def probe(srv, name: str = "probe", slot: int = 0):
     """The in-process server's probe instance of ``slot`` (thread isolation)."""
-    return srv.repository.get(name).backend.models[slot]
+    return srv.registry.get(name).backend.models[slot]
 
 
 def read_log(path: Path) -> list[tuple[float, float, list[float]]]:

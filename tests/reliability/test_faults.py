@@ -10,8 +10,9 @@ injects one fault on demand. Expectations:
   and the returned shape, for that batch alone;
 * an engine that hangs past the deadlines: waiting callers get DEADLINE_EXCEEDED at their
   deadlines, the slot is marked unhealthy (``Dispatcher.healthy`` / ``unhealthy_slots``;
-  ModelReady false while every slot is hung) instead of wedging the model, another slot keeps serving, and the slot recovers when the
-  hang ends (the hang threshold, max(20x predicted, 10 s), is lowered to 1 s here);
+  ModelReady false while every slot is hung) instead of wedging the model, another slot keeps
+  serving, and the slot recovers when the hang ends (the hang threshold, max(20x predicted,
+  10 s), is lowered to 1 s here);
 * a client that cancels its stream mid-way: its queued rows leave the queue at once and never
   run (only the batch already running finishes);
 * a server SIGKILLed mid-stream: the client sees UNAVAILABLE for the stream and for unary calls
@@ -88,7 +89,7 @@ def test_a_hung_engine_answers_callers_at_their_deadlines_and_marks_the_slot(mak
     monkeypatch.setattr(dispatcher_module, "HANG_MIN_S", 1.0)
     write_probe(tmp_path, "probe", max_batch_size=1, instances=2, batch_ms=20, hang_on=77, hang_s=3, fast_warmup="true")
     srv = make_server(tmp_path)
-    d = srv.repository.get("probe").dispatcher
+    d = srv.registry.get("probe").dispatcher
     with srv.client() as c, ThreadPoolExecutor(4) as pool:
         hung = pool.submit(call, c.stub, build_request("probe", row(77.0)), 0.5)
         assert wait_for(lambda: d.idle_slots == 1, 5)
@@ -118,9 +119,10 @@ def test_a_hung_engine_answers_callers_at_their_deadlines_and_marks_the_slot(mak
 def test_a_cancelled_stream_takes_its_queued_rows_out_of_the_queue(make_server, tmp_path):
     write_probe(tmp_path, "probe", max_batch_size=4, batch_ms=200)
     srv = make_server(tmp_path)
-    d, model = srv.repository.get("probe").dispatcher, probe(srv)
+    d, model = srv.registry.get("probe").dispatcher, probe(srv)
     with srv.client() as c:
-        stream = c.stub.ModelStreamInfer(iter([build_request("probe", row(float(i)), request_id=str(i)) for i in range(1, 41)]))
+        requests = [build_request("probe", row(float(i)), request_id=str(i)) for i in range(1, 41)]
+        stream = c.stub.ModelStreamInfer(iter(requests))
         first = next(stream)
         assert error_code(first) == "OK" and len(d.queue) > 0
         cancelled_at = time.monotonic()
@@ -143,7 +145,8 @@ def test_a_server_killed_mid_stream_is_unavailable_and_answers_nothing_twice(tmp
     write_probe(tmp_path, "probe", max_batch_size=4, batch_ms=300, fast_warmup="true")
     with ServerProcess(tmp_path) as srv, grpc.insecure_channel(srv.url) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
-        stream = stub.ModelStreamInfer(iter([build_request("probe", row(float(i)), request_id=str(i)) for i in range(1, 21)]), timeout=30)
+        requests = [build_request("probe", row(float(i)), request_id=str(i)) for i in range(1, 21)]
+        stream = stub.ModelStreamInfer(iter(requests), timeout=30)
         with ThreadPoolExecutor(2) as pool:
             unary = pool.submit(call, stub, build_request("probe", row(900.0)), 30)
             received, code = [], None

@@ -88,7 +88,8 @@ dims = st.one_of(
 
 def bytes_elements(draw, count: int) -> bytes:
     """BYTES raw data for ``count`` elements: valid, or with a broken length prefix."""
-    parts = [struct.pack("<I", len(b)) + b for b in draw(st.lists(st.binary(max_size=20), min_size=count, max_size=count))]
+    values = draw(st.lists(st.binary(max_size=20), min_size=count, max_size=count))
+    parts = [struct.pack("<I", len(b)) + b for b in values]
     data = b"".join(parts)
     breakage = draw(st.sampled_from(["none", "none", "long prefix", "truncate", "extra", "huge prefix"]))
     if breakage == "long prefix" and data:
@@ -124,13 +125,15 @@ def tensors(draw, model: str):
     name = draw(st.one_of(st.just(real_name), st.just(real_name), text))
     datatype = draw(st.one_of(st.just(real_type), st.just(real_type), st.sampled_from(sorted(DATATYPES)), text))
     if draw(st.booleans()):  # a plausible shape
-        shape = ([draw(st.integers(1, 4))] if batched else []) + [draw(st.integers(1, 5)) if d == -1 else d for d in real_dims]
+        batch = [draw(st.integers(1, 4))] if batched else []
+        shape = batch + [draw(st.integers(1, 5)) if d == -1 else d for d in real_dims]
     else:
         shape = draw(st.lists(dims, max_size=4))
     tensor = pb.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=shape)
     for key, value in draw(st.dictionaries(text, st.integers(-(2**63), 2**63 - 1), max_size=2)).items():
         tensor.parameters[key].int64_param = value
-    count = math.prod(shape) if all(0 <= d <= 4096 for d in shape) and math.prod(shape) <= 4096 else draw(st.integers(0, 8))
+    small = all(0 <= d <= 4096 for d in shape) and math.prod(shape) <= 4096
+    count = math.prod(shape) if small else draw(st.integers(0, 8))
     dt = DATATYPES.get(datatype)
     how = draw(st.sampled_from(["raw", "raw", "raw", "typed", "typed wrong field", "raw random"]))
     if how == "raw" and dt is not None and dt.name == "BYTES":
@@ -163,7 +166,8 @@ def well_formed_tensor(draw, model: str):
     """A correct input for ``model`` (random values, shape and encoding) and its raw bytes."""
     name, datatype, real_dims, batched = MODELS[model]
     dt = DATATYPES[datatype]
-    shape = ([draw(st.integers(1, 9))] if batched else []) + [draw(st.integers(1, 6)) if d == -1 else d for d in real_dims]
+    batch = [draw(st.integers(1, 9))] if batched else []
+    shape = batch + [draw(st.integers(1, 6)) if d == -1 else d for d in real_dims]
     count = math.prod(shape)
     tensor = pb.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=shape)
     if dt.name == "BYTES":

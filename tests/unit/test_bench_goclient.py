@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from trtserve.harness.benchlib.goclient import RECORD, add_records, read_records, schedule_rows, write_messages
-from trtserve.harness.benchlib.load import Recorder
+from trtserve.harness.benchlib.records import Recorder
 
 
 def test_messages_are_written_length_prefixed_little_endian(tmp_path):
     write_messages(tmp_path / "m.bin", [b"ab", b"", b"xyz"])
-    assert (tmp_path / "m.bin").read_bytes() == struct.pack("<Q", 2) + b"ab" + struct.pack("<Q", 0) + struct.pack("<Q", 3) + b"xyz"
+    expected = struct.pack("<Q", 2) + b"ab" + struct.pack("<Q", 0) + struct.pack("<Q", 3) + b"xyz"
+    assert (tmp_path / "m.bin").read_bytes() == expected
 
 
 def test_schedule_rows_are_24_bytes_per_call_with_one_or_per_call_deadlines(tmp_path):
@@ -27,7 +28,8 @@ def test_schedule_rows_are_24_bytes_per_call_with_one_or_per_call_deadlines(tmp_
 
 def test_records_become_the_recorders_requests_on_the_bench_clock(tmp_path):
     # message, scheduled, sent, done (s from the binary's start), gRPC status code
-    raw = [(1, 0.5, 0.5001, 0.5020, 0), (0, 0.6, 0.6002, 0.6500, 0), (1, 0.7, 0.7, 0.7010, 4), (0, 0.8, 0.81, 0.82, 8), (1, 0.9, 0.9, 0.91, 99)]
+    raw = [(1, 0.5, 0.5001, 0.5020, 0), (0, 0.6, 0.6002, 0.6500, 0), (1, 0.7, 0.7, 0.7010, 4), (0, 0.8, 0.81, 0.82, 8),
+           (1, 0.9, 0.9, 0.91, 99)]
     (tmp_path / "r.bin").write_bytes(b"".join(struct.pack("<qdddq", *r) for r in raw))
     records = read_records(tmp_path / "r.bin")
     assert records.dtype == RECORD and len(records) == 5

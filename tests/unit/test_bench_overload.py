@@ -9,7 +9,13 @@ import pytest
 
 from trtserve.harness.benchlib.deadlines import DeadlineClass, deadline_class, deadline_us
 from trtserve.harness.benchlib.overload import (
-    MIXED_MODE, OVERLOAD_MODE, format_mixed_table, format_overload_table, mixed_deadlines_us, mixed_targets, overload_targets,
+    MIXED_MODE,
+    OVERLOAD_MODE,
+    format_mixed_table,
+    format_overload_table,
+    mixed_deadlines_us,
+    mixed_targets,
+    overload_targets,
 )
 from trtserve.harness.benchlib.report import Measurement, Point, Snapshot, summarize
 
@@ -36,11 +42,11 @@ def test_a_deadline_class_counts_goodput_misses_and_refusals_by_status():
     assert empty.miss_share == 0.0 and empty.p50_ms is None and empty.goodput == 0.0
 
 
-def cls(name: str = "all", good: int = 100, requests: int | None = None, window_s: float = 1.0, deadline_ms: float = 5.0,
-        late: int = 0, exhausted: int = 0, expired: int = 0) -> DeadlineClass:
+def cls(name: str = "all", good: int = 100, requests: int | None = None, window_s: float = 1.0,
+        deadline_ms: float = 5.0, late: int = 0, exhausted: int = 0, expired: int = 0) -> DeadlineClass:
     requests = good + late + exhausted + expired if requests is None else requests
-    return DeadlineClass(name, deadline_ms, requests, good, late, {"RESOURCE_EXHAUSTED": exhausted, "DEADLINE_EXCEEDED": expired, "other": 0},
-                         0, window_s, 1.0, 4.0)
+    refused = {"RESOURCE_EXHAUSTED": exhausted, "DEADLINE_EXCEEDED": expired, "other": 0}
+    return DeadlineClass(name, deadline_ms, requests, good, late, refused, 0, window_s, 1.0, 4.0)
 
 
 def point(mode: str, multiple: float, classes: tuple[DeadlineClass, ...], policy: str = "adaptive", model: str = "tiny",
@@ -49,7 +55,8 @@ def point(mode: str, multiple: float, classes: tuple[DeadlineClass, ...], policy
     return summarize(Measurement(
         model=model, mode=mode, load=1000.0 * multiple, fraction=multiple, window_s=1.0, rows_per_request=1,
         latency_us=np.full(good, 1000.0), codes=["OK"] * good, late=0, deadline_us=5000, send_lag_us=np.array([]),
-        before=Snapshot(0.0, 0.0, 0, 0, {}, server_rss_mib=rss[0]), after=Snapshot(0.0, 0.0, 0, 0, {}, server_rss_mib=rss[1]),
+        before=Snapshot(0.0, 0.0, 0, 0, {}, server_rss_mib=rss[0]),
+        after=Snapshot(0.0, 0.0, 0, 0, {}, server_rss_mib=rss[1]),
         policy=policy, classes=classes,
     ), 1000.0)
 
@@ -78,8 +85,10 @@ def test_overload_goodput_at_two_and_three_times_capacity_against_the_sweeps_pea
 
 
 def test_mixed_targets_hold_each_class_to_its_own_miss_limit():
-    ok = point(MIXED_MODE, 0.65, (cls("tight", good=96, late=2, expired=2), cls("loose", good=99, expired=1, deadline_ms=50.0)))
-    missed = point(MIXED_MODE, 0.65, (cls("tight", good=94, expired=6), cls("loose", good=98, exhausted=2, deadline_ms=50.0)),
+    ok = point(MIXED_MODE, 0.65,
+               (cls("tight", good=96, late=2, expired=2), cls("loose", good=99, expired=1, deadline_ms=50.0)))
+    missed = point(MIXED_MODE, 0.65,
+                   (cls("tight", good=94, expired=6), cls("loose", good=98, exhausted=2, deadline_ms=50.0)),
                    policy="fixed 2 ms")
     targets = mixed_targets([ok, missed])
     assert [t.verdict for t in targets] == ["PASS", "PASS", "MISS", "MISS"]
@@ -94,7 +103,8 @@ def test_tables_are_markdown_with_a_row_per_point_and_class():
     mixed = point(MIXED_MODE, 0.65, (cls("tight", good=96, expired=4), cls("loose", good=100, deadline_ms=50.0)))
     table = format_overload_table([*overload, mixed]).splitlines()
     assert len([line for line in table if line.startswith("| tiny |")]) == 4
-    assert "| tiny | adaptive | 3000 (3x) | 5.0 | 720 | 0 | 0 | 2280 (0) | 0 |" in table[-1] and table[-1].endswith("| 600 → 790 |")
+    assert "| tiny | adaptive | 3000 (3x) | 5.0 | 720 | 0 | 0 | 2280 (0) | 0 |" in table[-1]
+    assert table[-1].endswith("| 600 → 790 |")
     rows = [line for line in format_mixed_table([*overload, mixed]).splitlines() if line.startswith("| tiny |")]
     assert rows[0].startswith("| tiny | adaptive | 650 (65%) | tight | 5.0 | 96 | 4.0% |")
     assert rows[1].startswith("| tiny | adaptive | 650 (65%) | loose | 50.0 | 100 | 0.0% |")

@@ -6,7 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtserve.harness.benchlib.policies import CLOSED_MODE, OPEN_MODE, PolicyChoice, format_policy_table, goodput, miss_share, parse_policies, policy_targets
+from trtserve.harness.benchlib.compare import ONE_CONNECTION_MODE, anchor_targets, comparison_rows, format_comparison
+from trtserve.harness.benchlib.policies import (
+    CLOSED_MODE,
+    OPEN_MODE,
+    PolicyChoice,
+    format_policy_table,
+    goodput,
+    miss_share,
+    parse_policies,
+    policy_targets,
+)
+from trtserve.harness.benchlib.proctree import tree_cpu_seconds_of, tree_rss_bytes_of
 from trtserve.harness.benchlib.raw import batch_sizes
 from trtserve.harness.benchlib.report import (
     Measurement,
@@ -22,12 +33,11 @@ from trtserve.harness.benchlib.report import (
     ratio,
     summarize,
 )
-from trtserve.harness.benchlib.compare import ONE_CONNECTION_MODE, anchor_targets, comparison_rows, format_comparison
-from trtserve.harness.benchlib.proctree import tree_cpu_seconds_of, tree_rss_bytes_of
 from trtserve.harness.benchlib.workload import poisson_arrivals
 
 
-def snap(cpu: float = 0.0, client: float = 0.0, rows: int = 0, runs: int = 0, batches: dict[int, int] | None = None) -> Snapshot:
+def snap(cpu: float = 0.0, client: float = 0.0, rows: int = 0, runs: int = 0,
+         batches: dict[int, int] | None = None) -> Snapshot:
     return Snapshot(cpu, client, rows, runs, batches or {})
 
 
@@ -49,7 +59,8 @@ def raw_ref(model: str = "minilm", batch1_us: float = 5000.0, best: tuple[int, f
 
 
 def test_percentiles_interpolate_linearly_in_ms():
-    assert percentiles_ms(np.array([1000.0, 2000.0, 3000.0, 4000.0, 5000.0])) == {50: 3.0, 90: 4.6, 99: pytest.approx(4.96)}
+    us = np.array([1000.0, 2000.0, 3000.0, 4000.0, 5000.0])
+    assert percentiles_ms(us) == {50: 3.0, 90: 4.6, 99: pytest.approx(4.96)}
     assert percentiles_ms(np.array([]), (50, 99)) == {50: None, 99: None}
 
 
@@ -157,7 +168,8 @@ def test_batch_sizes_double_up_to_the_maximum():
 
 def stat(pid: int, ppid: int, utime: int, stime: int, cutime: int = 0, cstime: int = 0, name: str = "python -m (x)",
          rss_pages: int = 0) -> str:
-    return f"{pid} ({name}) S {ppid} 2 3 4 5 6 7 8 9 10 {utime} {stime} {cutime} {cstime} 20 0 4 0 100 4096 {rss_pages} 99"
+    return (f"{pid} ({name}) S {ppid} 2 3 4 5 6 7 8 9 10 {utime} {stime} {cutime} {cstime} "
+            f"20 0 4 0 100 4096 {rss_pages} 99")
 
 
 def test_tree_cpu_seconds_sum_the_root_and_every_descendant():
@@ -213,14 +225,16 @@ def test_comparison_rows_pair_the_servers_per_caller_count_with_ratios():
 def test_anchor_targets_against_triton_and_the_raw_engine():
     raw = {"minilm": raw_ref(batch1_us=5000.0, best=(16, 250.0))}
     points = [
-        sweep_point("trtserve", "tiny", 16, 2400, 5000.0), sweep_point("trtserve", "tiny", 64, 2300, 20_000.0, cpu_s=0.92),
+        sweep_point("trtserve", "tiny", 16, 2400, 5000.0),
+        sweep_point("trtserve", "tiny", 64, 2300, 20_000.0, cpu_s=0.92),
         sweep_point("triton", "tiny", 64, 1900, 25_000.0, cpu_s=1.14),
         sweep_point("trtserve", "minilm", 1, 150, 5800.0), sweep_point("trtserve", "minilm", 64, 240, 300_000.0),
         sweep_point("triton", "minilm", 1, 140, 6600.0), sweep_point("triton", "minilm", 64, 200, 300_000.0),
     ]
     peak, saturation, one, cpu = anchor_targets(points, raw)
     assert peak.verdict == "PASS" and "2400 (c=16) / 1900 (c=64) = 1.26" in peak.detail
-    assert saturation.verdict == "PASS" and "240.0 / 250.0 (raw batch 16) = 0.96; triton 200.0 = 0.80" in saturation.detail
+    assert saturation.verdict == "PASS"
+    assert "240.0 / 250.0 (raw batch 16) = 0.96; triton 200.0 = 0.80" in saturation.detail
     assert one.verdict == "PASS" and one.detail.endswith("triton 6.60 ms")
     assert cpu.verdict == "INFO" and cpu.detail == "trtserve 400 us vs triton 600 us"
     slower = [*points, sweep_point("triton", "tiny", 16, 2100, 7000.0)]  # 2400 / 2100 < 1.2
@@ -250,7 +264,9 @@ def policy_point(policy: str, ok: int, late: int = 0, refused: int = 0, fraction
 
 def test_policy_items_parse_to_adaptive_and_fixed_timers():
     assert parse_policies("adaptive, fixed:0.5,fixed:10") == [
-        PolicyChoice("adaptive", True, 0), PolicyChoice("fixed 0.5 ms", False, 500), PolicyChoice("fixed 10 ms", False, 10_000),
+        PolicyChoice("adaptive", True, 0),
+        PolicyChoice("fixed 0.5 ms", False, 500),
+        PolicyChoice("fixed 10 ms", False, 10_000),
     ]
     for bad in ("fixed", "fixed:-1", "timer:2", "fixed:x"):
         with pytest.raises(ValueError, match="expected 'adaptive' or 'fixed"):
@@ -268,18 +284,23 @@ def test_adaptive_against_the_best_fixed_timer_within_two_standard_errors():
     best = [policy_point("fixed 0.5 ms", ok=650), policy_point("fixed 0.5 ms", ok=600)]
     others = [*best, policy_point("fixed 10 ms", ok=500, refused=125), policy_point("fixed 10 ms", ok=520, refused=105)]
     spread = 5.0  # sample deviation of (130, 120) is 7.07; / sqrt(2) = 5.0, above the counting error
-    steady = [policy_point("adaptive", ok=570), policy_point("adaptive", ok=570)]  # 114/s; its s.e. is counting, sqrt(1140)/10
+    # 114/s; its s.e. is counting, sqrt(1140)/10
+    steady = [policy_point("adaptive", ok=570), policy_point("adaptive", ok=570)]
     noise = (spread**2 + 1140 / 100) ** 0.5
     (target,) = policy_targets([*steady, *others])
     assert target.verdict == "PASS" and "(fixed 0.5 ms)" in target.detail  # 11/s behind, within 2 x 6.0
     assert f"difference -11.0 ± {noise:.1f}/s" in target.detail and "over 2 rounds" in target.detail
-    behind = [policy_point("adaptive", ok=540, refused=85), policy_point("adaptive", ok=540, refused=85)]  # 108/s: 17 behind
+    # 108/s: 17 behind
+    behind = [policy_point("adaptive", ok=540, refused=85), policy_point("adaptive", ok=540, refused=85)]
     (target,) = policy_targets([*behind, *others])
     assert target.verdict == "MISS"
-    (other_rate,) = policy_targets([policy_point("adaptive", ok=100, fraction=0.5), policy_point("fixed 2 ms", ok=200, fraction=0.5)])
-    assert other_rate.verdict == "MISS" and other_rate.name.startswith("minilm open-stream 100/s (50%)")  # every row has the target
+    half = [policy_point("adaptive", ok=100, fraction=0.5), policy_point("fixed 2 ms", ok=200, fraction=0.5)]
+    (other_rate,) = policy_targets(half)
+    # every row has the target
+    assert other_rate.verdict == "MISS" and other_rate.name.startswith("minilm open-stream 100/s (50%)")
     table = format_policy_table([*steady, *others])
-    assert "fixed 10 ms" in table and "102.0" in table and "100 / 104" in table and "18.4%" in table  # misses (125 + 105) / 1250
+    assert "fixed 10 ms" in table and "102.0" in table and "100 / 104" in table
+    assert "18.4%" in table  # misses (125 + 105) / 1250
 
 
 def closed_policy_point(policy: str, callers: int, ok: int, model: str = "tiny") -> Point:

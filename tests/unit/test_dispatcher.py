@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend, rows
-from trtserve.config import BatchingPolicy, QueuePolicy, TimeoutAction
 from trtserve.batching.dispatcher import Dispatcher
 from trtserve.batching.policy import DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE
 from trtserve.clock import FakeClock, settle
+from trtserve.config import BatchingPolicy, QueuePolicy, TimeoutAction
 from trtserve.errors import BackendError, QueueFull, RequestTimeout, ShuttingDown
 
 
@@ -79,7 +79,8 @@ async def test_oversized_request_is_split_and_gathered_in_order():
 async def test_a_split_request_is_gathered_in_row_order_when_its_later_piece_finishes_first():
     """C15's kind: on two slots the batch with the request's last rows can finish before the
     batch with its first rows; the answer is still in row order (it came back rotated)."""
-    clock, backend, d = make(BatchingPolicy(max_batch_size=4), slots=2, latency=lambda rows: 0.050 if rows == 4 else 0.010)
+    clock, backend, d = make(BatchingPolicy(max_batch_size=4), slots=2,
+                             latency=lambda rows: 0.050 if rows == 4 else 0.010)
     x = np.arange(6, dtype=np.float32).reshape(6, 1)
     fut = d.submit([{"x": x}])
     await clock.advance(0.020)  # rows 4-5 (10 ms) are done, rows 0-3 (50 ms) still run
@@ -169,9 +170,8 @@ async def test_a_deadline_already_too_close_is_refused_at_submit():
 
 
 async def test_delay_action_keeps_expired_requests_behind_everything_else():
-    clock, backend, d = make(
-        BatchingPolicy(max_batch_size=1, default_queue=QueuePolicy(timeout_action=TimeoutAction.DELAY)), latency=lambda r: 1.0
-    )
+    delay = BatchingPolicy(max_batch_size=1, default_queue=QueuePolicy(timeout_action=TimeoutAction.DELAY))
+    clock, backend, d = make(delay, latency=lambda r: 1.0)
     d.submit(rows(0))
     await settle()
     late = d.submit(rows(1), deadline=clock.now() + 0.5)
@@ -179,6 +179,7 @@ async def test_delay_action_keeps_expired_requests_behind_everything_else():
     for _ in range(4):
         await clock.advance(1.0)
     assert late.done() and not late.cancelled() and late.exception() is None
+    assert on_time.done() and on_time.exception() is None
     assert [b[0] for b in backend.ids()] == [0, 2, 1]
 
 

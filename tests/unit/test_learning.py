@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend, rows
-from trtserve.config import BatchingPolicy
 from trtserve.batching.dispatcher import CAP_REFRESH_BATCHES, Dispatcher
 from trtserve.batching.latency import LatencyModel
 from trtserve.batching.policy import adaptive_cap
 from trtserve.batching.simulator import affine, bursty_trace, poisson_trace, simulate
 from trtserve.clock import FakeClock, settle
+from trtserve.config import BatchingPolicy
 from trtserve.harness.simulate import compare
 
 
@@ -167,7 +167,8 @@ async def test_high_priority_is_served_first_and_low_priority_still_completes():
     for step in range(100):  # overload: 4 rows arrive per 10 ms, 2 can run
         for k, level in enumerate((1, 1, 2, 2)):
             f = d.submit(rows(step * 10 + k), priority=level)
-            f.add_done_callback(lambda _f, key=(level, step * 10 + k), t0=clock.now(): done.__setitem__(key, clock.now() - t0))
+            t0 = clock.now()
+            f.add_done_callback(lambda _f, key=(level, step * 10 + k), t0=t0: done.__setitem__(key, clock.now() - t0))
             futures.append(f)
         await clock.advance(0.010)
     for _ in range(300):

@@ -168,7 +168,10 @@ def check(r: Row) -> None:
 
 REJECT_1_DELAY_2 = BatchingPolicy(
     max_batch_size=8, adaptive=False, priority_levels=2, default_priority=1,
-    priority_queues={1: QueuePolicy(timeout_action=TimeoutAction.REJECT), 2: QueuePolicy(timeout_action=TimeoutAction.DELAY)},
+    priority_queues={
+        1: QueuePolicy(timeout_action=TimeoutAction.REJECT),
+        2: QueuePolicy(timeout_action=TimeoutAction.DELAY),
+    },
 )
 
 
@@ -285,7 +288,8 @@ BUCKETING = [
     row("closest-length-joins-the-head", E("a", length=4), E("b", length=64), E("c", length=4),
         inputs=CAP2, latency=FLAT_LENGTHS, batch=(("a", 1), ("c", 1))),
     row("off-keeps-queue-order", E("a", length=4), E("b", length=64), E("c", length=4),
-        inputs=CAP2, latency=FLAT_LENGTHS, policy=BatchingPolicy(max_batch_size=8, adaptive=False, length_bucketing=False),
+        inputs=CAP2, latency=FLAT_LENGTHS,
+        policy=BatchingPolicy(max_batch_size=8, adaptive=False, length_bucketing=False),
         batch=(("a", 1), ("b", 1))),
     row("not-when-everything-fits", E("a", length=4), E("b", length=64), E("c", length=4),
         inputs=inputs(cap=3), latency=FLAT_LENGTHS, batch=(("a", 1), ("b", 1), ("c", 1))),
@@ -314,7 +318,8 @@ BUCKETING = [
         E("fresh", priority=1, length=4), E("long", priority=1, length=64),
         policy=LEVELS, inputs=CAP2, latency=FLAT_LENGTHS, batch=(("old-a", 1), ("old-b", 1))),
     row("aged-rows-are-length-bucketed-among-themselves",
-        E("old-a", priority=2, length=4, arrival=NOW - 0.875), E("old-long", priority=2, length=64, arrival=NOW - 0.8125),
+        E("old-a", priority=2, length=4, arrival=NOW - 0.875),
+        E("old-long", priority=2, length=64, arrival=NOW - 0.8125),
         E("old-b", priority=3, length=4, arrival=NOW - 0.75), E("fresh", priority=1, length=4),
         policy=LEVELS, inputs=CAP2, latency=FLAT_LENGTHS, batch=(("old-a", 1), ("old-b", 1))),
 ]
@@ -360,7 +365,8 @@ GO_NOW = [
         inputs=inputs(arrival_rate=1e6), batch=(("a", 8),)),
     row("fixed-timer-with-zero-max-queue-delay-never-waits", E("a"), batch=(("a", 1),)),
     row("the-largest-preferred-size-goes",
-        E("a", rows=4), policy=BatchingPolicy(max_batch_size=8, adaptive=False, max_queue_delay=1.0, preferred_batch_sizes=(2, 4)),
+        E("a", rows=4),
+        policy=BatchingPolicy(max_batch_size=8, adaptive=False, max_queue_delay=1.0, preferred_batch_sizes=(2, 4)),
         batch=(("a", 4),)),
     row("the-oldest-row-reached-max-queue-delay", E("a", arrival=NOW - 1.0), E("b"), policy=TIMER,
         batch=(("a", 1), ("b", 1))),
@@ -574,7 +580,8 @@ def test_with_a_free_slot_a_decision_runs_a_batch_or_waits_for_a_later_time(r: R
     [
         pytest.param(NOW, math.inf, DEADLINE_MARGIN_S, id="no-deadline"),
         pytest.param(NOW, NOW + 0.100, DEADLINE_MARGIN_S, id="long-budget"),
-        pytest.param(NOW, NOW + DEADLINE_MARGIN_S / DEADLINE_MARGIN_SHARE, DEADLINE_MARGIN_S, id="at-the-share-boundary"),
+        pytest.param(NOW, NOW + DEADLINE_MARGIN_S / DEADLINE_MARGIN_SHARE, DEADLINE_MARGIN_S,
+                     id="at-the-share-boundary"),
         pytest.param(NOW - 0.010, NOW + 0.010, 0.005, id="short-budget-a-quarter"),
         pytest.param(NOW, NOW + 0.004, 0.001, id="tiny-budget"),
     ],
@@ -598,7 +605,8 @@ KNEE = points((1, 1 / 100), (2, 2 / 190), (4, 4 / 300), (8, 8 / 390), (16, 16 / 
         pytest.param(KNEE, BatchingPolicy(max_batch_size=32), 0.30, 4, id="wide-tolerance-earlier"),
         pytest.param(KNEE, BatchingPolicy(max_batch_size=4), 0.05, 4, id="never-above-max-batch-size"),
         pytest.param(KNEE, BatchingPolicy(max_batch_size=32, latency_budget=0.015), 0.05, 4, id="latency-budget"),
-        pytest.param(KNEE, BatchingPolicy(max_batch_size=32, latency_budget=0.001), 0.05, 1, id="nothing-fits-the-smallest"),
+        pytest.param(KNEE, BatchingPolicy(max_batch_size=32, latency_budget=0.001), 0.05, 1,
+                     id="nothing-fits-the-smallest"),
         pytest.param(KNEE, BatchingPolicy(max_batch_size=0), 0.05, 1, id="no-batch-dimension"),
     ],
 )

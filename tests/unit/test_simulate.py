@@ -19,7 +19,15 @@ import pytest
 from trtserve.batching.simulator import HostCost, affine, poisson_trace, simulate
 from trtserve.config import BatchingPolicy
 from trtserve.harness.simulate import (
-    LOOSE_MISS, OVERLOAD_GOODPUT_SHARE, TIE, TIGHT_MISS, capacity, mixed, overload, overload_peak, tight_deadline,
+    LOOSE_MISS,
+    OVERLOAD_GOODPUT_SHARE,
+    TIE,
+    TIGHT_MISS,
+    capacity,
+    mixed,
+    overload,
+    overload_peak,
+    tight_deadline,
 )
 
 TINY = dict(latency=affine(20e-6, 0.5e-6), host=HostCost(per_request=10e-6, per_batch=150e-6), max_batch_size=64)

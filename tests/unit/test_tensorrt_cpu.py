@@ -1,7 +1,8 @@
 """The TensorRT path's checks that need no GPU: packing into caller-owned buffers, profile
 bounds, sidecar mismatch sentences, the builder's pure parts and its one-sentence refusal,
 lazy imports, the runtime factory's fallback, the cuda-python layer's errors, and mypy over
-runtimes/{tensorrt,cuda}.py and tools/build.py against the stubs in typings/.
+runtimes/{tensorrt,tensorrt_plan,cuda}.py and tools/{build,build_options}.py against the stubs
+in typings/.
 
 Tests that assume a machine without TensorRT or a CUDA device skip where one exists (the
 GPU checks are tests/gpu/)."""
@@ -21,28 +22,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from trtserve.errors import BackendError, InvalidRequest
 from trtserve.datatypes import DATATYPES
+from trtserve.errors import BackendError, InvalidRequest
 from trtserve.runtimes import cuda
 from trtserve.runtimes.base import Batch, StagingBuffers, pack, padded_shape, unpack, view_into
-from trtserve.runtimes.tensorrt import (
-    ProfileBounds,
-    TensorRTBackend,
-    check_profile,
-    check_request,
-    sidecar_problems,
-    unavailable_reason,
-)
-from trtserve.tools.build import (
-    BuildOptions,
-    convert_precision,
-    opt_batch_size,
-    parse_range,
-    profile_shapes,
-    unsupported_io,
-    with_platform,
-)
+from trtserve.runtimes.tensorrt import TensorRTBackend, unavailable_reason
+from trtserve.runtimes.tensorrt_plan import ProfileBounds, check_profile, check_request, sidecar_problems
 from trtserve.spec import TensorSpec
+from trtserve.tools.build import convert_precision, unsupported_io, with_platform
+from trtserve.tools.build_options import BuildOptions, opt_batch_size, parse_range, profile_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIMES = ROOT / "service" / "trtserve" / "runtimes"
@@ -173,7 +161,8 @@ def test_profile_check_refuses_a_batch_beyond_the_profile(shapes, message):
 
 def test_request_check_refuses_a_long_sequence_at_admission():
     check_request({"input_ids": np.zeros((100, 256), np.int64)}, BOUNDS)  # rows are the dispatcher's business
-    with pytest.raises(InvalidRequest, match="dim 1 of input 'input_ids' is 300, beyond the plan's profile maximum 256"):
+    beyond = "dim 1 of input 'input_ids' is 300, beyond the plan's profile maximum 256"
+    with pytest.raises(InvalidRequest, match=beyond):
         check_request({"input_ids": np.zeros((1, 300), np.int64)}, BOUNDS)
 
 
@@ -215,7 +204,8 @@ def test_sidecar_matching_this_machine_passes():
 
 def test_sidecar_with_another_tensorrt_version_is_refused_with_a_sentence():
     error, _ = sidecar_problems(Path("m/1/model.plan"), sidecar(trt="11.2.0.5"), LIVE)
-    assert error == "m/1/model.plan was built with TensorRT 11.2.0.5 but this server runs TensorRT 11.4.0.106; rebuild with make engine"
+    assert error == ("m/1/model.plan was built with TensorRT 11.2.0.5 but this server runs TensorRT 11.4.0.106; "
+                     "rebuild with make engine")
 
 
 def test_sidecar_for_another_compute_capability_is_refused_with_a_sentence():
@@ -228,7 +218,8 @@ def test_sidecar_for_another_compute_capability_is_refused_with_a_sentence():
 
 def test_sidecar_with_both_mismatches_names_both_in_one_sentence():
     error, _ = sidecar_problems(Path("p"), sidecar(trt="10.13.0.35", name="NVIDIA T4", cc="7.5"), LIVE)
-    assert error is not None and error.count(";") == 1 and "TensorRT 10.13.0.35" in error and "compute capability 7.5" in error
+    assert error is not None and error.count(";") == 1
+    assert "TensorRT 10.13.0.35" in error and "compute capability 7.5" in error
     assert error.endswith("rebuild with make engine")
 
 
@@ -239,7 +230,8 @@ def test_version_compatible_plans_run_on_newer_tensorrt_only():
 
 
 def test_hardware_compatible_plans_run_on_any_ampere_or_newer_gpu():
-    assert sidecar_problems(Path("p"), sidecar(cc="8.0", name="A100", hardware_compatibility="ampere_plus"), LIVE) == (None, [])
+    ampere_plus = sidecar(cc="8.0", name="A100", hardware_compatibility="ampere_plus")
+    assert sidecar_problems(Path("p"), ampere_plus, LIVE) == (None, [])
     turing = {**LIVE, "compute_capability": "7.5", "gpu_name": "T4"}
     error = sidecar_problems(Path("p"), sidecar(cc="8.0", hardware_compatibility="ampere_plus"), turing)[0]
     assert error is not None and "Ampere or newer" in error
@@ -286,7 +278,8 @@ def test_build_options_are_validated_with_the_bad_value():
 def test_with_platform_switches_only_the_platform_line():
     text = '# comment\nname: "tiny"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 64\n'
     assert with_platform(text) == '# comment\nname: "tiny"\nplatform: "tensorrt_plan"\nmax_batch_size: 64\n'
-    assert with_platform('name: "x"\nmax_batch_size: 1\n') == 'name: "x"\nplatform: "tensorrt_plan"\nmax_batch_size: 1\n'
+    expected = 'name: "x"\nplatform: "tensorrt_plan"\nmax_batch_size: 1\n'
+    assert with_platform('name: "x"\nmax_batch_size: 1\n') == expected
 
 
 def test_fp16_conversion_keeps_fp32_io_and_stays_within_1e_2(engines, tmp_path):
@@ -390,8 +383,8 @@ def test_a_plan_model_is_not_ready_with_the_reason_while_others_serve(tmp_path, 
     tiny_config = (engines / "tiny" / "config.pbtxt").read_text()
     root = tmp_path / "repo"
     # plan only: cannot be served here
-    _write_model(root, "planonly", tiny_config.replace('"tiny"', '"planonly"').replace("onnxruntime_onnx", "tensorrt_plan"),
-                 {"model.plan": b"not a real plan"})
+    plan_config = tiny_config.replace('"tiny"', '"planonly"').replace("onnxruntime_onnx", "tensorrt_plan")
+    _write_model(root, "planonly", plan_config, {"model.plan": b"not a real plan"})
     # plan + the ONNX it was built from, platform tensorrt_plan: ONNX Runtime serves the ONNX file
     _write_model(root, "both", tiny_config.replace('"tiny"', '"both"').replace("onnxruntime_onnx", "tensorrt_plan"),
                  {"model.plan": b"not a real plan", "model.onnx": onnx})
@@ -458,17 +451,18 @@ def test_mypy_finds_no_errors_in_the_gpu_modules(request, tmp_path_factory):
     # a warm cache under .pytest_cache makes reruns take seconds instead of ~25 s
     pytest_cache = getattr(request.config, "cache", None)
     cache = pytest_cache.mkdir("mypy") if pytest_cache is not None else tmp_path_factory.mktemp("mypy")
-    files = [str(RUNTIMES / f) for f in ("tensorrt.py", "cuda.py")] + [str(ROOT / "service" / "trtserve" / "tools" / "build.py")]
+    files = [str(RUNTIMES / f) for f in ("tensorrt.py", "tensorrt_plan.py", "cuda.py")]
+    files += [str(ROOT / "service" / "trtserve" / "tools" / f) for f in ("build.py", "build_options.py")]
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--cache-dir", str(cache), *files],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("Success: no issues found in 3 source files")
+    assert done.stdout.startswith(f"Success: no issues found in {len(files)} source files")
 
 
 def test_json_sidecar_round_trip_is_what_the_loader_reads(tmp_path):
-    from trtserve.runtimes.tensorrt import read_sidecar
+    from trtserve.runtimes.tensorrt_plan import read_sidecar
 
     plan = tmp_path / "model.plan"
     plan.write_bytes(b"x")

@@ -8,12 +8,13 @@ import math
 
 import numpy as np
 import pytest
+
 from trtserve.batching.latency import LatencyModel
 from trtserve.batching.queue import QueueEntry, RequestQueue
 from trtserve.batching.wait import batch_floor, deadline_batch, fill, predict, queue_hint
-from trtserve.ipc.admission import QueueHint, shed
 from trtserve.config import BatchingPolicy, QueuePolicy
 from trtserve.errors import DeadlineUnmeetable, Overloaded, QueueFull
+from trtserve.ipc.admission import QueueHint, shed
 
 
 def affine(a: float = 0.010, b: float = 0.001, cap: int = 8) -> LatencyModel:
@@ -140,7 +141,8 @@ def test_a_hint_refuses_what_the_queue_cannot_serve_in_time():
     # Behind an entry due at 3 s whose rows are done at 3.2 s at the earliest:
     crowded = QueueHint(0.011, policy, 0.0, ((0, 3.0, 3.2),))
     refusal = crowded.refusal("m", 0, None, 3.1, 0.0)
-    assert isinstance(refusal, Overloaded) and "the model 'm' is overloaded: predicted queue wait 3200.0 ms" in str(refusal)
+    assert isinstance(refusal, Overloaded)
+    assert "the model 'm' is overloaded: predicted queue wait 3200.0 ms" in str(refusal)
     assert crowded.refusal("m", 0, None, 3.1, 3.15) is not None  # as it ages it still holds...
     assert crowded.refusal("m", 0, None, 3.5, 3.15) is None  # ... and lets through what now fits
 

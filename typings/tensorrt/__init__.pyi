@@ -1,5 +1,5 @@
 # Typing stub for exactly the TensorRT 11 Python names trtserve calls (runtimes/tensorrt.py,
-# runtimes/trtbuild.py), written from the 11.x API reference and ../shared/notes/tensorrt.md.
+# tools/build.py), written from the TensorRT 11.x Python API reference.
 # Returns are Optional where TensorRT returns None on failure. Names removed in 11
 # (EXPLICIT_BATCH, BuilderFlag.FP16/BF16/INT8, device_memory_size, ...) are deliberately
 # absent, so using them is a type error. Keep this file to the names the project uses.

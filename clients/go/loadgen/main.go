@@ -1,7 +1,7 @@
 // loadgen: the bench's open-loop load generator. It sends pre-serialized ModelInferRequest
 // messages, unchanged, to /inference.GRPCInferenceService/ModelInfer on a given schedule and
 // records when each call was sent and answered, and with which gRPC status. The Python bench
-// (service/trtserve/tools/benchlib/goclient.py) writes its inputs and reads its records; built
+// (service/trtserve/harness/benchlib/goclient.py) writes its inputs and reads its records; built
 // by clients/go/build.sh (`make loadgen`), offline, with Debian's grpc-go in GOPATH mode.
 //
 //	loadgen -addr 127.0.0.1:PORT -connections K -messages FILE -schedule FILE -out FILE

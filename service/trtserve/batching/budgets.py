@@ -2,7 +2,7 @@
 
 A request's *budget* is its deadline minus its arrival (seconds; ``math.inf`` for none). The
 dispatch policy caps a batch so that a tight request arriving while it runs can still be
-answered in time (:mod:`.policy`); "tight" is a low quantile of the budgets of the last
+answered in time (:mod:`~trtserve.batching.policy`); "tight" is a low quantile of the budgets of the last
 ``size`` requests, so a mix of 50 % 10 ms and 50 % 200 ms deadlines protects the 10 ms ones,
 while a rare tight request (under ``quantile`` of the traffic) does not shrink every batch.
 """

@@ -19,20 +19,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trtserve.clock import Clock, MonotonicClock
-from trtserve.errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
-from trtserve.runtimes.base import Abortable, Backend, Batch, unpack
-from trtserve.config import BatchingPolicy, TimeoutAction
 from trtserve.batching.budgets import DeadlineBudgets
 from trtserve.batching.host import HostMeter
-from trtserve.batching.wait import HINT_REFRESH_S, SlotEnds, Wait, predict, queue_hint
-from trtserve.ipc.admission import QueueHint
 from trtserve.batching.latency import LatencyModel
 from trtserve.batching.policy import Inputs, adaptive_cap, decide
 from trtserve.batching.queue import Piece, QueueEntry, RequestQueue
-from trtserve.datatypes import Tensors
 from trtserve.batching.rate import ArrivalRate
 from trtserve.batching.stats import DispatchStats
+from trtserve.batching.wait import HINT_REFRESH_S, SlotEnds, Wait, predict, queue_hint
+from trtserve.clock import Clock, MonotonicClock
+from trtserve.config import BatchingPolicy, TimeoutAction
+from trtserve.datatypes import Tensors
+from trtserve.errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
+from trtserve.ipc.admission import QueueHint
+from trtserve.runtimes.base import Abortable, Backend, Batch, unpack
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 CAP_REFRESH_BATCHES = 16
 # A batch still running after HANG_FACTOR times its predicted run time, and at least HANG_MIN_S
 # seconds, marks its slot unhealthy (until it returns) and is aborted where the backend can
-# (runtimes.base.Abortable: a Python model's worker process is killed and started again).
+# (trtserve.runtimes.base.Abortable: a Python model's worker process is killed and started
+# again).
 HANG_FACTOR = 20.0
 HANG_MIN_S = 10.0
 
@@ -56,7 +57,7 @@ class Dispatcher:
     Args:
         backend: the engine.
         policy: the model's batching policy.
-        clock: time source (a ``FakeClock`` in tests).
+        clock: time source (a :class:`~trtserve.clock.FakeClock` in tests).
         latency: predicted run times; learned from every batch run here.
         stats: counters for metrics and ModelStatistics.
         host: per-batch host CPU and the loop thread's busy share. By default it reads
@@ -140,7 +141,10 @@ class Dispatcher:
         future: asyncio.Future[list[Tensors]] = asyncio.get_running_loop().create_future()
         entry = QueueEntry(segments, level, level, deadline, now, future)
         # Without a deadline nothing can be refused on time: skip the walk over the queue.
-        refusal = self.predict_wait(level, deadline, entry.rows, entry.length).refusal(deadline) if deadline < math.inf else None
+        refusal = (
+            self.predict_wait(level, deadline, entry.rows, entry.length).refusal(deadline)
+            if deadline < math.inf else None
+        )
         if refusal is not None:
             if isinstance(refusal, RequestTimeout):
                 self.stats.expired_before_run += 1
@@ -154,15 +158,16 @@ class Dispatcher:
 
     def predict_wait(self, priority: float, deadline: float, rows: int, length: int = 1) -> Wait:
         """The predicted wait of a request of ``rows`` rows padded to ``length`` arriving now at
-        level ``priority`` with ``deadline`` (monotonic seconds): see :func:`~trtserve.batching.wait.predict`.
-        ``priority=math.inf``: behind everything queued (the drain time of the queue)."""
+        level ``priority`` with ``deadline`` (monotonic seconds): see
+        :func:`~trtserve.batching.wait.predict`. ``priority=math.inf``: behind everything queued
+        (the drain time of the queue)."""
         now = self.clock.now()
         return predict(self.queue.entries, priority, deadline, rows, length, now=now,
                        free_at=self._ends.free_at(now, self._idle), cap=self.cap, latency=self.latency)
 
     def hint(self) -> QueueHint:
-        """The queue as front ends see it (:class:`~trtserve.batching.wait.QueueHint`), at
-        most ``HINT_REFRESH_S`` old."""
+        """The queue as front ends see it (:class:`~trtserve.ipc.admission.QueueHint`), at
+        most :data:`~trtserve.batching.wait.HINT_REFRESH_S` old."""
         now = self.clock.now()
         if self._hint is None or now - self._hint_at > HINT_REFRESH_S:
             self._hint_at = now
@@ -172,7 +177,12 @@ class Dispatcher:
 
     def set_policy(self, policy: BatchingPolicy) -> None:
         """Replace the batching policy; it applies from the next decision on. Queued and
-        running requests are kept (a smaller ``max_queue_size`` only refuses new ones)."""
+        running requests are kept (a smaller ``max_queue_size`` only refuses new ones).
+
+        Raises:
+            ValueError: the new policy moves ``max_batch_size`` between 0 and > 0 (the model's
+                tensors would change rank).
+        """
         if (policy.max_batch_size == 0) != (self.policy.max_batch_size == 0):
             raise ValueError("max_batch_size cannot change between 0 (no batch dimension) and > 0 at run time")
         self.policy = policy
@@ -181,7 +191,7 @@ class Dispatcher:
 
     @property
     def healthy(self) -> bool:
-        """False while every slot is running a batch that hung (see ``HANG_FACTOR``), including
+        """False while every slot is running a batch that hung (see :data:`HANG_FACTOR`), including
         while an aborted one is being made ready again."""
         return len(self.unhealthy_slots) < self.backend.slots
 

@@ -1,13 +1,13 @@
 """What one batch costs the host, and how busy the host is: the dispatcher's second resource.
 
-A batch costs the engine its run time (:mod:`.latency`) and costs the *host* — the event-loop
+A batch costs the engine its run time (:mod:`~trtserve.batching.latency`) and costs the *host* — the event-loop
 thread the dispatcher runs on — a roughly fixed amount of CPU: deciding, taking the rows off
 the queue, creating the batch's task, the hand-off to the slot's thread and back, and
 scattering the outputs to the callers (in the process tree also the IPC to the front ends).
-On a fast engine (a 20 µs MLP) this per-batch cost dwarfs the run itself, and the same thread
-must also read the incoming requests; so running many tiny batches starves ingress, and
-waiting for a few more rows pays although the slot is free (DESIGN principle 2 still holds:
-at low load the host has room and a lone request runs at once).
+On a fast engine (a small MLP that runs in tens of microseconds) this per-batch cost dwarfs the
+run itself, and the same thread must also read the incoming requests; so running many tiny
+batches starves ingress, and waiting for a few more rows pays although the slot is free. At
+low load the host has room, so a lone request still runs at once.
 
 :class:`HostMeter` measures both, from one CPU-time counter of the loop thread
 (:func:`time.thread_time` in production, the simulated host's busy time in the simulator):
@@ -40,7 +40,9 @@ class HostMeter:
         alpha: weight of a new per-batch sample, and of a new window in the busy share (0..1].
     """
 
-    def __init__(self, cpu: Callable[[], float] = time.thread_time, *, window: float = 0.01, alpha: float = 0.5) -> None:
+    def __init__(
+        self, cpu: Callable[[], float] = time.thread_time, *, window: float = 0.01, alpha: float = 0.5
+    ) -> None:
         if not window > 0:
             raise ValueError(f"window must be > 0 seconds, got {window}")
         if not 0 < alpha <= 1:

@@ -11,10 +11,10 @@ bucket's upper bound in proportion to the length. Within a length bucket the pre
 interpolates linearly between centroids (run time is close to affine in rows on CPU and GPU
 engines, so centroids of an affine curve lie on it) and extrapolates from the last slope
 beyond them; an unmeasured length bucket is scaled from the nearest measured one in
-proportion to the length. Each update moves the estimate a fraction ``alpha`` of the way to the new sample,
-after clipping the sample to ``clip`` times the current estimate (and not below 1/clip of it),
-so one outlier (a GC pause, a noisy neighbour) moves it little while a lasting drift is followed
-within a few dozen batches.
+proportion to the length. Each update moves the estimate a fraction ``alpha`` of the way to the
+new sample, after clipping the sample to ``clip`` times the current estimate (and not below
+1/clip of it), so one outlier (a GC pause, a noisy neighbour) moves it little while a lasting
+drift is followed within a few dozen batches.
 
 Each centroid also keeps a *low* estimate of its run time: it drops at once to a faster sample
 and rises by ``rise`` of the gap on a slower one, so it sits near the fast end of the recent
@@ -58,7 +58,8 @@ class LatencyModel:
         self._clip = clip
         self._seed = seed
         self._rise = rise
-        # length bucket -> row bucket -> [mean rows, mean seconds, low seconds]; and the same points sorted
+        # length bucket -> row bucket -> [mean rows, mean seconds, low seconds]; and the same
+        # points sorted by row bucket
         self._tables: dict[int, dict[int, list[float]]] = {}
         self._points: dict[int, list[list[float]]] = {}
         self._lengths: list[int] = []
@@ -136,7 +137,8 @@ class LatencyModel:
         """Row bucket → predicted seconds of a batch of that many rows at ``length``
         (for metrics, the adaptive batch size and ``trtserve profile``)."""
         table = self._tables.get(bucket(length), {})
-        return {rb: self.predict(rb, length) for rb in list(table)}  # list(): metrics read from another thread
+        # list(): the metrics endpoint reads this from another thread
+        return {rb: self.predict(rb, length) for rb in list(table)}
 
 
 MEAN, LOW = 1, 2

@@ -1,27 +1,27 @@
 """The dispatch decision: a pure function of the queue, the time and what has been measured.
 
-:func:`decide` implements the dispatch policy of ``../shared/DESIGN.md``:
+:func:`decide` implements the dispatch policy, in four steps:
 
 1. **Expire.** Every queued request whose deadline is earlier than ``now`` plus the predicted
    run time of a batch of one (of its length) can no longer be answered in time (at exactly
    that moment only if it is not started now).
 2. **Select** rows up to the batch cap in (priority, deadline, arrival) order, requests waiting
-   longer than ``priority_aging`` first (not those ``TimeoutAction.DELAY`` moved last). When more rows wait than one batch holds and their
-   lengths vary, the batch is filled with the rows closest in length to the most urgent one
-   (length bucketing: less padding), except that rows near their deadline are never passed
-   over.
+   longer than ``priority_aging`` first (not those ``TimeoutAction.DELAY`` moved last). When
+   more rows wait than one batch holds and their lengths vary, the batch is filled with the rows
+   closest in length to the most urgent one (length bucketing: less padding), except that rows
+   near their deadline are never passed over.
    Rows that would finish after their deadline at the batch's predicted run time are left
    out (no engine time on an answer nobody reads).
 3. **Cap by deadlines.** When the batch takes the last free slot, its predicted run time must
    leave every queued row it leaves behind, and a tight request likely to arrive while it runs
-   (the low quantile of recent budgets, :mod:`.budgets`), time for a batch of one after it:
+   (the low quantile of recent budgets, :mod:`~trtserve.batching.budgets`), time for a batch of one after it:
    p(n) + p(1) ≤ slack (see :func:`_deadline_cap`). Loose rows wait for a later batch.
 4. **Go or wait.** With a free slot the batch goes now if it is full, or if waiting could
    not pay off. Under the adaptive policy the batch size worth waiting for is the smallest at
    which both resources keep up with the measured arrival rate λ (:func:`_target_rows`): the
    engine (λ·p(n)/n per slot ≤ 1) and the host thread that does the per-batch work
    (other work + λ·h/n ≤ :data:`HOST_TARGET`, h the measured host CPU per batch,
-   :mod:`.host`); a wait the engine alone asks for is taken only where it delays no queued row
+   :mod:`~trtserve.batching.host`); a wait the engine alone asks for is taken only where it delays no queued row
    or no size up to the cap keeps up (:func:`_target_rows`). At low load both hold at the rows
    queued now, so a lone request runs at once.
    Under the fixed timer the batch goes when ``max_queue_delay`` is zero or the largest
@@ -39,16 +39,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trtserve.config import BatchingPolicy
 from trtserve.batching.latency import LatencyModel
 from trtserve.batching.queue import QueueEntry
+from trtserve.config import BatchingPolicy
 
 # A row whose deadline is within this many predicted full-batch run times is "near its
 # deadline": length bucketing never passes it over.
 URGENT_RUNS = 2.0
 # A wait for more rows ends this long before the last moment the predicted run time allows,
 # so that a late wake-up of the event loop, the hand-off to the slot's thread and writing the
-# answer do not push the batch's members past their deadlines (C10) ...
+# answer do not push the batch's members past their deadlines ...
 DEADLINE_MARGIN_S = 0.010
 # ... but never more than this share of a request's own budget (deadline - arrival): a 10 ms
 # margin on a 10 ms deadline would forbid every wait.
@@ -118,6 +118,9 @@ def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
         inputs: time, slots, arrival rate and batch cap.
         policy: the model's batching policy.
         latency: predicted run times.
+
+    Returns:
+        The :class:`Decision`: what to expire, what to run now, and when to decide again.
     """
     now = inputs.now
     one = _OneRow(latency)
@@ -182,7 +185,8 @@ def margin(entry: QueueEntry) -> float:
 
 
 class _OneRow:
-    """Least run time of a batch of one row of an entry's length (:meth:`LatencyModel.lower_bound`), cached per length."""
+    """Least run time of a batch of one row of an entry's length
+    (:meth:`~trtserve.batching.latency.LatencyModel.lower_bound`), cached per length."""
 
     def __init__(self, latency: LatencyModel) -> None:
         self._latency = latency
@@ -208,9 +212,11 @@ def adaptive_cap(latency: LatencyModel, policy: BatchingPolicy, length: int = 1,
     return min(b for b, t in fits.items() if b / t >= (1 - tolerance) * best)
 
 
-def _on_time(batch: tuple[tuple[QueueEntry, int], ...], now: float, latency: LatencyModel) -> tuple[tuple[QueueEntry, int], ...]:
+def _on_time(
+    batch: tuple[tuple[QueueEntry, int], ...], now: float, latency: LatencyModel
+) -> tuple[tuple[QueueEntry, int], ...]:
     """The largest batch within ``batch`` whose rows all finish by their deadlines at its
-    least run time (:meth:`LatencyModel.lower_bound`): m rows, m as large as there are m rows
+    least run time (:meth:`~trtserve.batching.latency.LatencyModel.lower_bound`): m rows, m as large as there are m rows
     with deadline ≥ now + p_low(m) (found by bisection: that count falls as m grows), taken in
     the selection's order. The rows left out stay queued (a smaller batch on another slot may
     still make it, else they expire unrun): no engine time on answers nobody reads, and under
@@ -253,8 +259,8 @@ def _target_rows(rows: int, length: int, inputs: Inputs, policy: BatchingPolicy,
     waiting would have avoided:
 
     * the engine: λ·p(n) ≤ n per slot (a slot running batches of n serves n/p(n) rows/s;
-      what ``BatchingPolicy.adaptive`` documents: wait only while the engine, at the size
-      queued now, runs fewer rows per second than arrive);
+      what :attr:`~trtserve.config.BatchingPolicy.adaptive` documents: wait only while the
+      engine, at the size queued now, runs fewer rows per second than arrive);
     * the host thread: its other work plus λ·h/n ≤ :data:`HOST_TARGET` (batches of n cost
       h seconds of host CPU each, λ/n of them per second), where the other work is the
       measured busy share less the part the per-batch work explains; when the other work
@@ -266,8 +272,8 @@ def _target_rows(rows: int, length: int, inputs: Inputs, policy: BatchingPolicy,
     queued row: (n − rows)/λ + p(n) ≤ p(rows), as where p dips; otherwise running now is at
     least as good, since the rows arriving meanwhile form the next, larger batch.
 
-    With no arrivals, or both holding at ``rows``, it returns ``rows`` (DESIGN principle 2:
-    a lone request on an idle server runs at once).
+    With no arrivals, or both holding at ``rows``, it returns ``rows``: a lone request on an
+    idle server runs at once.
     """
     cap = inputs.cap
     if not policy.adaptive:
@@ -366,9 +372,10 @@ def _deadline_cap(
 
 
 def _rows_within(limit: float, length: int, latency: LatencyModel, most: int) -> int:
-    """The largest n in 1..``most`` whose least run time (:meth:`LatencyModel.lower_bound`,
-    as :func:`_on_time` judges a batch: a length never measured is not scaled up, else one
-    long row would cap every batch it joins at one row) is within ``limit`` seconds (1 if none)."""
+    """The largest n in 1..``most`` whose least run time
+    (:meth:`~trtserve.batching.latency.LatencyModel.lower_bound`, as :func:`_on_time` judges a
+    batch: a length never measured is not scaled up, else one long row would cap every batch it
+    joins at one row) is within ``limit`` seconds (1 if none)."""
     if latency.lower_bound(most, length) <= limit:
         return most
     lo, hi = 1, most  # p(lo) may not fit (then 1); p(hi) does not
@@ -381,7 +388,9 @@ def _rows_within(limit: float, length: int, latency: LatencyModel, most: int) ->
     return lo
 
 
-def _select(live: Sequence[QueueEntry], now: float, cap: int, policy: BatchingPolicy, latency: LatencyModel) -> tuple[tuple[QueueEntry, int], ...]:
+def _select(
+    live: Sequence[QueueEntry], now: float, cap: int, policy: BatchingPolicy, latency: LatencyModel
+) -> tuple[tuple[QueueEntry, int], ...]:
     """Rows for the next batch: aged requests first, then queue order; length-bucketed when
     more rows wait than fit and some of them are not near their deadline."""
     # A request TimeoutAction.DELAY moved behind everything (its priority is no longer its

@@ -19,12 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
-import numpy as np
-
 from trtserve.datatypes import Tensors
 from trtserve.errors import QueueFull
-
-"""Engine-input name → array with rows on axis 0."""
 
 _arrivals = count()
 
@@ -34,16 +30,18 @@ class QueueEntry:
     """One submitted request, as the dispatcher sees it.
 
     Attributes:
-        segments: the request's engine rows (see :data:`Tensors`).
+        segments: the request's engine rows (see :data:`~trtserve.datatypes.Tensors`).
         level: the priority level it was admitted at (its queue policy's key).
         priority: the level it is ordered by: 1 is the most urgent; ties break on deadline,
             then arrival. Starts as ``level``; ``TimeoutAction.DELAY`` moves it last.
         deadline: monotonic seconds by which the answer must be ready; ``math.inf`` for none.
         arrival: monotonic seconds when it was queued.
-        future: resolves to one output :data:`Tensors` per input segment, in order.
+        future: resolves to one output :data:`~trtserve.datatypes.Tensors` per input segment, in
+            order.
         rows: rows not yet taken into a batch.
         running: pieces of this entry now inside a running batch.
         seg_index, seg_offset: where the next untaken row is.
+        seq: arrival sequence number, the last tie-break of the queue order.
         chunks: per segment, the output pieces gathered so far, each with its first row
             (in completion order: the dispatcher puts them in row order at the end).
         length: elements per row of its largest input (after the batch axis): what padding
@@ -97,6 +95,7 @@ class Piece:
 
     @property
     def rows(self) -> int:
+        """Rows in the piece (``stop - start``)."""
         return self.stop - self.start
 
     def inputs(self) -> Tensors:
@@ -157,7 +156,8 @@ class RequestQueue:
         self.per_level[entry.level] += 1
 
     def take(self, selection: Sequence[tuple[QueueEntry, int]]) -> list[Piece]:
-        """Take ``rows`` rows of each selected entry (in that order) into a batch.
+        """Take the given number of rows of each selected ``(entry, rows)`` (in that order) into
+        a batch, each entry's from its next untaken row.
 
         An entry whose rows are all taken leaves the queue; a partly taken one stays where it
         is with its remaining rows (a request larger than one batch is split this way).

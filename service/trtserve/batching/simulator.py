@@ -11,11 +11,11 @@ their deadline (trtserve must spend none), mean batch size and latency percentil
 **Host cost** (:class:`SimHost`): one shared host thread, as the event loop is in the server.
 It reads the requests one at a time, in arrival order (``per_request`` seconds each before
 the dispatcher sees it), and does each batch's per-batch work (``per_batch`` seconds) as soon
-as the read in progress ends, before the batch's engine run starts and before the next read. The dispatcher's :class:`~trtserve.batching.host.HostMeter` reads
-the host's busy time as its CPU counter, so the policy learns the host cost as it does in the
-server. A request whose deadline has passed before the host reaches it is dropped unread (a
-gRPC call past its deadline is cancelled); no other shedding happens in front of the
-dispatcher.
+as the read in progress ends, before the batch's engine run starts and before the next read.
+The dispatcher's :class:`~trtserve.batching.host.HostMeter` reads the host's busy time as its
+CPU counter, so the policy learns the host cost as it does in the server. A request whose
+deadline has passed before the host reaches it is dropped unread (a gRPC call past its deadline
+is cancelled); no other shedding happens in front of the dispatcher.
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtserve.clock import FakeClock, settle
-from trtserve.errors import BackendError, TrtServeError
-from trtserve.datatypes import DATATYPES
-from trtserve.runtimes.base import Batch, StagingBuffers, pack
-from trtserve.datatypes import Tensors
-from trtserve.spec import TensorSpec
-from trtserve.config import BatchingPolicy
 from trtserve.batching.dispatcher import Dispatcher
 from trtserve.batching.host import HostMeter
 from trtserve.batching.latency import LatencyModel
+from trtserve.clock import FakeClock, settle
+from trtserve.config import BatchingPolicy
+from trtserve.datatypes import DATATYPES, Tensors
+from trtserve.errors import BackendError, TrtServeError
+from trtserve.runtimes.base import Batch, StagingBuffers, pack
+from trtserve.spec import TensorSpec
 
 
 @dataclass(frozen=True)
@@ -61,6 +60,7 @@ class SimHost:
         self.free_at = -math.inf
 
     def cpu(self) -> float:
+        """CPU seconds charged so far (the dispatcher's :class:`~trtserve.batching.host.HostMeter` counter)."""
         return self.busy
 
     def start_of(self, seconds: float) -> float:
@@ -106,9 +106,13 @@ class SimEngine:
         self.max_running = 0
 
     def prepare(self, segment: Tensors) -> Tensors:
+        """The segment unchanged (the simulated engine takes FP32 as given)."""
         return segment
 
     def run(self, slot: int, batch: Batch) -> Awaitable[Tensors]:
+        """Start ``batch`` (after its per-batch host work, with a host); the awaitable gives
+        ``{"y": 2·x}`` after ``latency(rows)`` seconds of fake time, or raises
+        :class:`~trtserve.errors.BackendError` where ``fail_when`` says so."""
         start = self.host.charge(self.host.cost.per_batch) if self.host else self.clock.now()
         return self._run(batch, start)
 
@@ -125,7 +129,7 @@ class SimEngine:
             self.running -= 1
 
     async def aclose(self) -> None:
-        pass
+        """Nothing to release."""
 
     def sizes(self) -> list[int]:
         """Rows of each batch started so far."""
@@ -149,7 +153,9 @@ def poisson_trace(rate: float, duration: float, seed: int = 0) -> np.ndarray:
     return times[times < duration]
 
 
-def bursty_trace(rate: float, duration: float, period: float = 0.1, duty: float = 0.25, seed: int = 0) -> np.ndarray:
+def bursty_trace(
+    rate: float, duration: float, period: float = 0.1, duty: float = 0.25, seed: int = 0
+) -> np.ndarray:
     """Arrivals of mean ``rate`` per second, all in the first ``duty`` of each ``period``
     (Poisson at ``rate / duty`` inside the bursts)."""
     t = poisson_trace(rate / duty, duration * duty, seed)

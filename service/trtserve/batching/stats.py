@@ -33,11 +33,13 @@ class Histogram:
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
+        """Count one observation of ``value`` (seconds, for the duration histograms)."""
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
     @property
     def count(self) -> int:
+        """Observations counted, over every bucket."""
         return sum(self.counts)
 
     def snapshot(self) -> tuple[list[int], float]:

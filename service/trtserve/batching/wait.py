@@ -1,30 +1,32 @@
 """Predicted queue drain: when the work queued ahead of a request lets it finish, at the earliest.
 
-Admission (``Dispatcher.submit``) refuses a request that cannot finish by its deadline; the
-front ends refuse the same before a request crosses to the engine core, from a
-:class:`QueueHint` the engine core sends back with every answer. Both read one estimate:
+Admission (:meth:`Dispatcher.submit <trtserve.batching.dispatcher.Dispatcher.submit>`) refuses a
+request that cannot finish by its deadline; the front ends refuse the same before a request
+crosses to the engine core, from a :class:`~trtserve.ipc.admission.QueueHint` the engine core
+sends back with every answer. Both read one estimate:
 
 * **Rows ahead.** The queue is ordered by (priority, deadline, arrival), so a new request at
   level ``L`` with deadline ``D`` runs after every queued row whose (priority, deadline) is at
   most ``(L, D)``: same or more urgent level, earlier (or equal) deadline. (Aged requests may
   go ahead of it too; they only add work, so they are left out of a lower bound.)
 * **Their work.** Run time is close to affine in rows with a positive intercept
-  (``latency.py``), so a full batch is the cheapest per row, and the shortest padded length
-  (``length``) among the rows the cheapest per batch; every estimate is the low one, as for
-  every refusal (``LatencyModel.lower_bound`` says why: a false refusal is never measured, so
-  it would not correct itself). Rows of a more urgent level, and the request's own, count at
-  the full-batch rate, ``rows × lower_bound(cap, length) / cap`` slot-seconds
-  (:func:`batch_floor`). Rows ahead at the request's own level run in batches that leave the
-  request behind, and the dispatcher caps those (policy step 3) so that it still has time for
-  a batch of one: they count at the rate of the largest such batch,
-  ``lower_bound(n, length) / n`` per row with ``n`` the most rows (up to the cap) whose
-  ``p(n) + p(1) ≤ deadline − now`` (:func:`row_cost`, :func:`deadline_batch`). So a tight
-  request behind other tight ones is costed at the small batches the queue will really run:
-  counted at the full-batch rate, a queue of 30 ms minilm requests admitted about twice what it
-  could serve in time, since none of its full batches fits in 30 ms, and the admitted requests
-  expired in the queue. A more urgent level is not capped by a less urgent request (the
-  dispatcher never shrinks a batch for a lower priority), and without a deadline there is no
-  cap.
+  (:mod:`~trtserve.batching.latency`), so a full batch is the cheapest per row, and the
+  shortest padded length (``length``) among the rows the cheapest per batch; every estimate is
+  the low one, as for every refusal
+  (:meth:`~trtserve.batching.latency.LatencyModel.lower_bound` says why: a false refusal is
+  never measured, so it would not correct itself). Rows of a more urgent level, and the
+  request's own, count at the full-batch rate, ``rows × lower_bound(cap, length) / cap``
+  slot-seconds (:func:`batch_floor`). Rows ahead at the request's own level run in batches
+  that leave the request behind, and the dispatcher caps those (step 3 of
+  :mod:`~trtserve.batching.policy`) so that it still has time for a batch of one: they count at
+  the rate of the largest such batch, ``lower_bound(n, length) / n`` per row with ``n`` the
+  most rows (up to the cap) whose ``p(n) + p(1) ≤ deadline − now`` (:func:`row_cost`,
+  :func:`deadline_batch`). So a tight request behind other tight ones is costed at the small
+  batches the queue will really run; counted at the full-batch rate, a queue of requests whose
+  deadlines no full batch fits would admit more than it can serve in time, and the admitted
+  requests would expire in the queue. A more urgent level is not capped by a less urgent
+  request (the dispatcher never shrinks a batch for a lower priority), and without a deadline
+  there is no cap.
 * **Over the slots.** Each execution slot is free at ``now``, or when its running batch ends
   at the earliest (its start plus the low estimate of its rows, not before ``now``). Work ``W``
   spread over slots free at ``f_1 <= ... <= f_k`` is done, at the earliest, at the time ``S``
@@ -35,8 +37,9 @@ The request's *queue wait* is ``fill(rows ahead) - now``; it finishes at the ear
 ``max(fill(rows ahead + its rows), f_1 + run)``, where ``run = lower_bound(min(rows, cap),
 length)`` is the least its own first batch takes (no batch of its rows starts before a slot
 is free). An idle server needs ``now + run``: a deadline before that is hopeless
-(``DeadlineUnmeetable``, DEADLINE_EXCEEDED); a deadline before the finish is met by an idle
-server but not by this one (``Overloaded``, RESOURCE_EXHAUSTED: retry elsewhere).
+(:class:`~trtserve.errors.DeadlineUnmeetable`, DEADLINE_EXCEEDED); a deadline before the
+finish is met by an idle server but not by this one (:class:`~trtserve.errors.Overloaded`,
+RESOURCE_EXHAUSTED: retry elsewhere).
 
 The hint's times are absolute (monotonic seconds) and count every row at the full-batch rate
 (its points cannot know the deadline of the request they will be compared with): rows that
@@ -52,14 +55,14 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from trtserve.batching.latency import LatencyModel
+from trtserve.batching.queue import QueueEntry, RequestQueue
 from trtserve.config import BatchingPolicy
 from trtserve.errors import DeadlineUnmeetable, Overloaded, TrtServeError
 from trtserve.ipc.admission import QueueHint
-from trtserve.batching.latency import LatencyModel
-from trtserve.batching.queue import QueueEntry, RequestQueue
 
 HINT_POINTS = 16
-"""Most queue positions a :class:`QueueHint` samples (it goes out with every answer)."""
+"""Most queue positions a :class:`~trtserve.ipc.admission.QueueHint` samples (it goes out with every answer)."""
 HINT_REFRESH_S = 0.001
 """A dispatcher recomputes its hint at most this often (seconds): an O(queue) walk."""
 
@@ -147,8 +150,8 @@ class Wait:
     alone: float
 
     def refusal(self, deadline: float) -> TrtServeError | None:
-        """The error refusing a request with ``deadline`` (monotonic seconds), or ``None`` to admit it:
-        DeadlineUnmeetable (DEADLINE_EXCEEDED) if even an idle server is too slow, Overloaded
+        """The error refusing a request with ``deadline`` (monotonic seconds), or ``None`` to admit
+        it: DeadlineUnmeetable (DEADLINE_EXCEEDED) if even an idle server is too slow, Overloaded
         (RESOURCE_EXHAUSTED) if the queue ahead is."""
         remaining = max(deadline - self.now, 0.0) * 1e3
         if deadline < self.alone:
@@ -190,9 +193,12 @@ def predict(entries: Sequence[QueueEntry], priority: float, deadline: float, row
     return Wait(now, fill(free_at, ahead), max(fill(free_at, ahead + rows * full), free_at[0] + run), now + run)
 
 
-def queue_hint(queue: RequestQueue, policy: BatchingPolicy, *, now: float, free_at: Sequence[float], cap: int,
-               latency: LatencyModel) -> QueueHint:
-    """The :class:`QueueHint` of ``queue`` now (one walk over it; :data:`HINT_POINTS` samples)."""
+def queue_hint(
+    queue: RequestQueue, policy: BatchingPolicy, *, now: float, free_at: Sequence[float], cap: int,
+    latency: LatencyModel,
+) -> QueueHint:
+    """The :class:`~trtserve.ipc.admission.QueueHint` of ``queue`` now (one walk over it;
+    :data:`HINT_POINTS` samples)."""
     entries = list(queue.entries)
     step = max(1, math.ceil(len(entries) / HINT_POINTS))
     points: list[tuple[int, float, float]] = []

@@ -6,7 +6,8 @@ Example::
 
     with Client("127.0.0.1:8001") as client:
         out = client.infer("tiny", {"INPUT": np.ones((2, 64), np.float32)}, timeout=1.0)
-        for request_id, result in client.stream_infer("minilm", ({"TEXT": np.array([[t.encode()]], object)} for t in texts)):
+        items = ({"TEXT": np.array([[t.encode()]], object)} for t in texts)
+        for request_id, result in client.stream_infer("minilm", items):
             ...
 
 Errors come back as :class:`grpc.RpcError` (unary) or as :class:`InferError` items of the
@@ -27,10 +28,11 @@ import numpy as np
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
-from trtserve.protocol.codec import decode_raw, encode_tensor
 from trtserve.datatypes import DATATYPES, from_numpy
+from trtserve.protocol.codec import decode_raw, encode_tensor
 
 MAX_MESSAGE_BYTES = 2**31 - 1
+"""The largest message the client sends or accepts: gRPC's own ceiling (the server sets its limit)."""
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -180,7 +182,9 @@ class Client:
         options = CHANNEL_OPTIONS + list(channel_options or [])
         credentials = credentials or Credentials()
         tls = credentials.channel_credentials()
-        self.channel = grpc.secure_channel(url, tls, options=options) if tls else grpc.insecure_channel(url, options=options)
+        self.channel = (
+            grpc.secure_channel(url, tls, options=options) if tls else grpc.insecure_channel(url, options=options)
+        )
         self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
         self.metadata = credentials.metadata
 
@@ -191,6 +195,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        """Close the channel; calls in progress are cancelled."""
         self.channel.close()
 
     def is_ready(self, model: str = "") -> bool:
@@ -263,8 +268,10 @@ class Client:
                 window.release()
                 response = message.infer_response  # type: ignore[attr-defined]
                 if message.error_message:  # type: ignore[attr-defined]
-                    code = response.parameters["error_code"].string_param if "error_code" in response.parameters else "UNKNOWN"
-                    yield response.id, InferError(response.id, code, message.error_message)  # type: ignore[attr-defined]
+                    params = response.parameters
+                    code = params["error_code"].string_param if "error_code" in params else "UNKNOWN"
+                    error = InferError(response.id, code, message.error_message)  # type: ignore[attr-defined]
+                    yield response.id, error
                 else:
                     yield response.id, parse_response(response)
         finally:

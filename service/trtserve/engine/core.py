@@ -77,10 +77,11 @@ class FrontendPeer:
 
 
 class EngineCore:
-    """Serves ``repository`` to front ends connecting to ``address``.
+    """Serves the models of ``registry`` to front ends connecting to ``address``.
 
     Args:
-        repository: the models (loaded by :meth:`load`).
+        registry: the live model registry (:class:`~trtserve.engine.registry.ModelRegistry`;
+            its models are loaded by :meth:`load`).
         address: the ZeroMQ endpoint to bind (``ipc:///run/dir/engine.sock``); ``None`` for
             none: a front end in this process uses it directly
             (:class:`~trtserve.engine.local.LocalEngine`, ``trtserve serve --frontends 1``).
@@ -98,20 +99,20 @@ class EngineCore:
 
     def __init__(
         self,
-        repository: ModelRegistry,
+        registry: ModelRegistry,
         address: str | None,
         *,
         metrics_host: str = "127.0.0.1",
         metrics_port: int | None = None,
         lifecycle: LifecycleConfig | None = None,
     ) -> None:
-        self.repository = repository
-        self.lifecycle = ModelLifecycle(repository, lifecycle)
+        self.registry = registry
+        self.lifecycle = ModelLifecycle(registry, lifecycle)
         self.table_listeners: list[Callable[[], None]] = []
-        repository.listeners.append(self._publish)
+        registry.listeners.append(self._publish)
         self.address = address
-        self.clock = repository.clock
-        self.requests = RequestStats(repository.clock)
+        self.clock = registry.clock
+        self.requests = RequestStats(registry.clock)
         self.peers: dict[bytes, FrontendPeer] = {}
         self.frontend_requests: Counter[int] = Counter()  # front-end number → infer messages
         self.local_active = 0  # requests in flight at a front end in this process
@@ -120,10 +121,10 @@ class EngineCore:
         self._metrics_at = (metrics_host, metrics_port)
         self._channel: Channel | None = None
         self._hints: dict[str, tuple[QueueHint, bytes]] = {}  # model → its last queue hint, pickled
-        self.queries = CoreQueries(repository, self.lifecycle, self.requests, lambda: self.loaded)
+        self.queries = CoreQueries(registry, self.lifecycle, self.requests, lambda: self.loaded)
         self._handlers: dict[type, Callable[[FrontendPeer, Any, list[Any]], None]] = {
-            Hello: self._on_hello, Infer: self._on_infer, Cancel: self._on_cancel, Records: self._on_records,
-            Query: self._on_query,
+            Hello: self._on_hello, Infer: self._on_infer, Cancel: self._on_cancel,
+            Records: self._on_records, Query: self._on_query,
         }
 
     @property
@@ -140,7 +141,7 @@ class EngineCore:
         """
         host, port = self._metrics_at
         if port is not None:
-            collector = TrtServeCollector(self.repository, self.requests, lambda: self.inflight, self.clock,
+            collector = TrtServeCollector(self.registry, self.requests, lambda: self.inflight, self.clock,
                                           frontends=lambda: dict(self.frontend_requests))
             self.metrics = MetricsServer(collector, host, port)
         if self.address is None:
@@ -157,9 +158,10 @@ class EngineCore:
         self._publish()
 
     async def aclose(self) -> None:
-        """Stop polling, finish everything queued and running, close the runtimes, then stop answering."""
+        """Stop polling, finish everything queued and running, close the runtimes, then stop
+        answering."""
         await self.lifecycle.aclose()
-        await self.repository.aclose()
+        await self.registry.aclose()
         if self._channel is not None:
             self._channel.close()
         if self.metrics is not None:
@@ -195,7 +197,7 @@ class EngineCore:
         self.frontend_requests[peer.index] += 1
         served: EngineModel | None = None
         try:
-            served = self.repository.get(infer.model, infer.version)
+            served = self.registry.get(infer.model, infer.version)
             future, resolved = served.submit(framing.unpack(infer.layout, frames), priority=infer.priority,
                                              timeout=infer.timeout, deadline=infer.deadline)
         except TrtServeError as exc:
@@ -215,11 +217,12 @@ class EngineCore:
             self._send(peer.identity, Error(rid, name, str(exc), *self._hint(served)))
             return
         layout, frames = framing.pack(future.result())
-        self._send(peer.identity, Result(rid, deadline, layout, served.spec.version, *self._hint(served)), frames)
+        result = Result(rid, deadline, layout, served.spec.version, *self._hint(served))
+        self._send(peer.identity, result, frames)
 
     def record(self, outcomes: tuple[Outcome, ...] | list[Outcome], refused: dict[str, int]) -> None:
-        """Count requests a front end answered, and model → requests it refused on the
-        deadline without sending."""
+        """Count requests a front end answered (``outcomes``), and model → requests it refused
+        on the deadline without sending (``refused``)."""
         for outcome in outcomes:
             self.requests.record(outcome.model, outcome.code, outcome.seconds, refusal=outcome.refusal,
                                  late=outcome.late)
@@ -229,7 +232,7 @@ class EngineCore:
     def _on_query(self, peer: FrontendPeer, query: Query, _frames: list[Any]) -> None:
         try:
             value = getattr(self.queries, query.what.value)(*query.args)
-        except TrtServeError as exc:
+        except Exception as exc:  # every query is answered: a bug becomes INTERNAL, not a hung call
             self._reply(peer, query.rid, exc, None)
             return
         if asyncio.iscoroutine(value):  # load, unload: answered when done, the loop serving meanwhile
@@ -242,7 +245,7 @@ class EngineCore:
         every model in the table."""
         return [(name, e.state.value, e.reason,
                  tuple(m.spec for m in e.versions.values()) if e.state is ModelState.READY else ())
-                for name, e in sorted(self.repository.models.items())]
+                for name, e in sorted(self.registry.models.items())]
 
     def _replied(self, peer: FrontendPeer, rid: int, task: asyncio.Future[Any]) -> None:
         if not task.cancelled():  # cancelled: the core is closing
@@ -269,7 +272,8 @@ class EngineCore:
     def _send_table(self, identity: bytes) -> None:
         models = tuple(TableEntry(name, state, reason, tuple(framing.spec_out(s) for s in specs))
                        for name, state, reason, specs in self.table())
-        self._send(identity, Table(self.loaded, self.lifecycle.ready, self.lifecycle.config.strict_readiness, models))
+        table = Table(self.loaded, self.lifecycle.ready, self.lifecycle.config.strict_readiness, models)
+        self._send(identity, table)
 
     def _send(self, identity: bytes, message: Message, frames: list[Any] | tuple[()] = ()) -> None:
         assert self._channel is not None

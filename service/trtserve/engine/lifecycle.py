@@ -30,8 +30,8 @@ from typing import Any
 from google.protobuf import json_format
 
 from trtserve._proto.inference import model_config_pb2 as mc
-from trtserve.errors import InvalidRequest, ModelControlDisabled, ModelNotFound, Unsupported
 from trtserve.engine.registry import ModelRegistry
+from trtserve.errors import InvalidRequest, ModelControlDisabled, ModelNotFound, Unsupported
 from trtserve.repository import fingerprint, model_dirs
 
 log = logging.getLogger(__name__)
@@ -72,33 +72,34 @@ class LifecycleConfig:
 
 
 class ModelLifecycle:
-    """Loads, reloads and unloads the models of ``repository`` as ``config`` says.
+    """Loads, reloads and unloads the models of ``registry`` (the live
+    :class:`~trtserve.engine.registry.ModelRegistry`) as ``config`` says.
 
     Touched only from the event loop. :meth:`start` does the loading at start (and starts
     polling); :meth:`load` / :meth:`unload` answer the RPCs; :meth:`aclose` stops polling.
     """
 
-    def __init__(self, repository: ModelRegistry, config: LifecycleConfig | None = None) -> None:
-        self.repository = repository
+    def __init__(self, registry: ModelRegistry, config: LifecycleConfig | None = None) -> None:
+        self.registry = registry
         self.config = config or LifecycleConfig()
         self._seen: dict[str, tuple[object, ...]] = {}  # poll mode: model → files at the last scan
         self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Load what the mode loads at start (failures are recorded per model, never raised)."""
-        mode, names = self.config.mode, self.repository.discover()
+        mode, names = self.config.mode, self.registry.discover()
         if mode is ControlMode.EXPLICIT and "*" not in self.config.load_models:
             names = [n for n in names if n in self.config.load_models]
         if mode is ControlMode.POLL:
-            self._seen = {name: fingerprint(self.repository.root / name) for name in names}
-        await self.repository.load_all(names)
+            self._seen = {name: fingerprint(self.registry.root / name) for name in names}
+        await self.registry.load_all(names)
         if mode is ControlMode.POLL:
             self._poller = asyncio.ensure_future(self._poll_forever())
 
     @property
     def ready(self) -> bool:
         """Whether the server counts as ready (after :meth:`start`), by ``strict_readiness``."""
-        return self.repository.ready or not self.config.strict_readiness
+        return self.registry.ready or not self.config.strict_readiness
 
     async def load(self, name: str, parameters: dict[str, Any]) -> None:
         """RepositoryModelLoad: load ``name``, or reload it if served (see the module docstring).
@@ -123,10 +124,10 @@ class ModelLifecycle:
                 config = _config_of(name, value)
             elif key.startswith("file:"):
                 raise Unsupported(f"RepositoryModelLoad parameter '{key}': trtserve loads model files from its "
-                                  f"repository only; copy them into {self.repository.root / name} and load again")
+                                  f"repository only; copy them into {self.registry.root / name} and load again")
             else:
                 raise InvalidRequest(f"RepositoryModelLoad has no parameter '{key}' (it takes 'config')")
-        reason = await self.repository.load(name, config)
+        reason = await self.registry.load(name, config)
         if reason:
             raise InvalidRequest(f"failed to load model '{name}': {reason}")
 
@@ -146,17 +147,17 @@ class ModelLifecycle:
         for key in parameters:
             if key != "unload_dependents":
                 raise InvalidRequest(f"RepositoryModelUnload has no parameter '{key}' (it takes 'unload_dependents')")
-        if name not in self.repository.models:
+        if name not in self.registry.models:
             self._check_dir(name)
             return  # in the repository and not loaded: nothing to do, as Triton
-        await self.repository.unload(name)
+        await self.registry.unload(name)
 
     def index(self) -> list[tuple[str, str, str, str]]:
         """(name, version, state, reason) of every model in the repository or the table: one
         row per served version; a model directory never loaded is UNAVAILABLE, "not loaded"."""
         rows = []
-        entries = self.repository.models
-        for name in sorted(set(entries) | set(model_dirs(self.repository.root))):
+        entries = self.registry.models
+        for name in sorted(set(entries) | set(model_dirs(self.registry.root))):
             entry = entries.get(name)
             if entry is None:
                 rows.append((name, "", "UNAVAILABLE", "not loaded"))
@@ -177,19 +178,19 @@ class ModelLifecycle:
         """One scan of the repository (poll mode): load what is new, reload what changed,
         unload what is gone. A directory whose files have not changed since the last scan is
         left alone, even one that failed to load (it is retried once it changes)."""
-        root = self.repository.root
+        root = self.registry.root
         names = await asyncio.to_thread(model_dirs, root)
         now = {name: await asyncio.to_thread(fingerprint, root / name) for name in names}
         for name in [n for n in self._seen if n not in now]:
             del self._seen[name]
             log.info("poll: model %s is gone from the repository: unloading", name)
-            await self.repository.unload(name)
-            self.repository.forget(name)
+            await self.registry.unload(name)
+            self.registry.forget(name)
         for name, files in now.items():
             if self._seen.get(name) != files:
                 self._seen[name] = files
                 log.info("poll: model %s is new or changed: loading", name)
-                await self.repository.load(name)
+                await self.registry.load(name)
 
     async def _poll_forever(self) -> None:
         while True:
@@ -197,7 +198,7 @@ class ModelLifecycle:
             try:
                 await self.poll()
             except Exception:  # one failed scan must not end polling
-                log.exception("poll: scanning %s failed", self.repository.root)
+                log.exception("poll: scanning %s failed", self.registry.root)
 
     def _check_mode(self, action: str) -> None:
         if self.config.mode is not ControlMode.EXPLICIT:
@@ -207,8 +208,8 @@ class ModelLifecycle:
             )
 
     def _check_dir(self, name: str) -> None:
-        if name not in model_dirs(self.repository.root):
-            raise ModelNotFound(f"no model '{name}' in the repository {self.repository.root}")
+        if name not in model_dirs(self.registry.root):
+            raise ModelNotFound(f"no model '{name}' in the repository {self.registry.root}")
 
 
 def _config_of(name: str, value: Any) -> mc.ModelConfig:
@@ -225,7 +226,9 @@ def _config_of(name: str, value: Any) -> mc.ModelConfig:
     try:
         return json_format.Parse(value, mc.ModelConfig())
     except json_format.ParseError as exc:
-        raise InvalidRequest(f"RepositoryModelLoad parameter 'config' of model '{name}' is not a model config: {exc}") from None
+        raise InvalidRequest(
+            f"RepositoryModelLoad parameter 'config' of model '{name}' is not a model config: {exc}"
+        ) from None
 
 
 __all__ = ["ControlMode", "DEFAULT_POLL_SECS", "LifecycleConfig", "ModelLifecycle"]

@@ -10,6 +10,7 @@ the model table, the queries, ``record``, ``set_active``) by calling an
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from trtserve.datatypes import Tensors
 from trtserve.engine.model import EngineModel
 from trtserve.engine.registry import ModelRegistry
-from trtserve.errors import RequestTimeout
+from trtserve.errors import BackendError, RequestTimeout, TrtServeError
 from trtserve.ipc.admission import shed
 from trtserve.ipc.engine import EngineView, ModelInfo
 from trtserve.ipc.messages import Outcome, QueryKind
@@ -27,10 +28,13 @@ from trtserve.pipeline import FrontendModel
 if TYPE_CHECKING:
     from trtserve.engine.core import EngineCore
 
+log = logging.getLogger(__name__)
+
 
 class LocalEngine(EngineView):
     """Requests straight into the dispatchers of the models that ``get(name, version)``
-    returns (``ModelRegistry.get``), on the running event loop; with ``core``, the rest of the
+    returns (:meth:`ModelRegistry.get <trtserve.engine.registry.ModelRegistry.get>`), on the
+    running event loop; with ``core``, the rest of the
     front end's interface too (see :meth:`of`)."""
 
     def __init__(self, get: Callable[[str, str], EngineModel], core: EngineCore | None = None) -> None:
@@ -42,15 +46,16 @@ class LocalEngine(EngineView):
     def of(cls, core: EngineCore) -> LocalEngine:
         """The whole interface over ``core``; its table follows the core's (from :meth:`refresh`,
         called by the core after it loaded and after each change)."""
-        engine = cls(core.repository.get, core)
+        engine = cls(core.registry.get, core)
         core.table_listeners.append(engine.refresh)
         return engine
 
     def refresh(self) -> None:
         """Take the model table from the engine core."""
         assert self.core is not None
-        self.set_table(self.core.loaded, self.core.lifecycle.ready, self.core.lifecycle.config.strict_readiness,
-                       {name: ModelInfo(name, state, reason, specs) for name, state, reason, specs in self.core.table()})
+        core = self.core
+        self.set_table(core.loaded, core.lifecycle.ready, core.lifecycle.config.strict_readiness,
+                       {name: ModelInfo(name, state, reason, specs) for name, state, reason, specs in core.table()})
 
     async def infer(
         self, model: str, version: str, segments: list[Tensors], *, priority: int = 0,
@@ -62,14 +67,22 @@ class LocalEngine(EngineView):
         return await future, resolved, served.spec.version
 
     async def ask(self, what: QueryKind, *args: Any) -> Any:
-        """Answer query ``what`` from the engine core's :class:`~trtserve.engine.queries.CoreQueries`."""
+        """Answer query ``what`` from the engine core's
+        :class:`~trtserve.engine.queries.CoreQueries` (awaiting ``load`` and ``unload``)."""
         assert self.core is not None
-        value = getattr(self.core.queries, what.value)(*args)
-        return await value if asyncio.iscoroutine(value) else value
+        try:
+            value = getattr(self.core.queries, what.value)(*args)
+            return await value if asyncio.iscoroutine(value) else value
+        except TrtServeError:
+            raise
+        except Exception as exc:  # as the engine core answers a failed query over ZeroMQ: INTERNAL
+            log.error("engine core: query failed", exc_info=exc)
+            raise BackendError(str(exc)) from exc
 
     def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float) -> None:
         """See :meth:`EngineClient.shed <trtserve.ipc.client.EngineClient.shed>`; here the
-        model's queue is read directly (the dispatcher's :meth:`hint`)."""
+        model's queue is read directly
+        (:meth:`Dispatcher.hint <trtserve.batching.dispatcher.Dispatcher.hint>`)."""
         refusal = shed(self.get(model, "").dispatcher.hint(), model, priority, timeout, deadline, now)
         if refusal is not None:
             if isinstance(refusal, RequestTimeout) and self.core is not None:
@@ -94,7 +107,7 @@ def local_model(registry: ModelRegistry, name: str, pool: Executor) -> FrontendM
     """Model ``name`` of a loaded ``registry`` with its handler, served in process.
 
     Raises:
-        ModelNotFound, ModelNotReady: see :meth:`ModelRegistry.get`.
+        ModelNotFound, ModelNotReady: see :meth:`~trtserve.engine.registry.ModelRegistry.get`.
     """
     return FrontendModel(registry.get(name).spec, LocalEngine(registry.get), pool=pool)
 

@@ -3,14 +3,14 @@
 Two sources, read only when asked (a scrape, a ModelStatistics call), so the request path
 pays for one :meth:`RequestStats.record` per request and nothing else:
 
-* :class:`RequestStats`: the outcome and duration of every request, recorded once by the gRPC
-  layer when the answer is ready (per model and status code), plus deadlines finished late,
+* :class:`RequestStats`: the outcome and duration of every request, recorded once by the front
+  end that answered it when the answer is ready (per model and status code), plus deadlines finished late,
   refusals at admission by reason, answers in time (goodput) and the time of the last success.
 * each model's :class:`~trtserve.batching.stats.DispatchStats`: batches, rows, queue and
   compute time, padding, expired requests, updated by its dispatcher.
 
 :class:`TrtServeCollector` turns both into Prometheus families at scrape time, on the HTTP
-server's thread, without locks (see the note in ``batching/stats.py``). Each server has its
+server's thread, without locks (see :mod:`trtserve.batching.stats`). Each server has its
 own :class:`~prometheus_client.CollectorRegistry`, so one process can run several servers.
 
 ==========================================  =========  ======================================
@@ -60,8 +60,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from trtserve.batching.stats import DURATION_BUCKETS, Histogram
-from trtserve.ipc.messages import UNKNOWN_MODEL
 from trtserve.clock import Clock, wall_time_ns
+from trtserve.ipc.messages import UNKNOWN_MODEL
 
 if TYPE_CHECKING:
     from trtserve.batching.dispatcher import Dispatcher
@@ -71,11 +71,12 @@ REFUSALS = ("queue_full", "queue_wait", "deadline_unmeetable", "inflight_bound")
 """The ``reason`` labels of ``trtserve_rejected_total`` (``TrtServeError.refusal``)."""
 
 BATCH_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""Upper bounds (rows) of the ``trtserve_batch_size_rows`` histogram."""
 
 
 @dataclass
 class ModelRequests:
-    """One model's requests as the gRPC layer answered them.
+    """One model's requests as the front ends answered them.
 
     Attributes:
         by_code: gRPC status name → durations (seconds, from decode to encoded response).
@@ -123,7 +124,9 @@ class RequestStats:
             entry = self.models[model] = ModelRequests()
         return entry
 
-    def record(self, model: str, code: str, seconds: float, *, refusal: str | None = None, late: bool = False) -> None:
+    def record(
+        self, model: str, code: str, seconds: float, *, refusal: str | None = None, late: bool = False
+    ) -> None:
         """Count one answered request of ``model`` with status ``code`` that took ``seconds``;
         ``refusal``: the reason it was refused at admission, if it was; ``late``: answered OK
         after its deadline (not goodput)."""
@@ -142,7 +145,8 @@ class RequestStats:
             entry.refused[refusal] += 1
 
     def refused_on_deadline(self, model: str, count: int = 1) -> None:
-        """Count requests of ``model`` that a front end refused on their deadline before they crossed."""
+        """Count requests of ``model`` that a front end refused on their deadline before they
+        crossed."""
         self._entry(model).refused_on_deadline += count
 
     def last_inference_ms(self, model: str) -> int:
@@ -154,7 +158,9 @@ class RequestStats:
         return int(wall_time_ns() // 1_000_000 - ago * 1000)
 
 
-def _histogram(family: HistogramMetricFamily, labels: list[str], counts: list[int], total: float, bounds: tuple[float, ...]) -> None:
+def _histogram(
+    family: HistogramMetricFamily, labels: list[str], counts: list[int], total: float, bounds: tuple[float, ...]
+) -> None:
     cumulative, buckets = 0, []
     for bound, n in zip((*bounds, math.inf), counts):
         cumulative += n
@@ -167,41 +173,54 @@ class TrtServeCollector:
     request stats, at scrape time.
 
     Args:
-        repository: the served models.
-        requests: per-request outcomes from the gRPC layer.
+        registry: the live model registry (the served models).
+        requests: per-request outcomes the front ends reported.
         inflight: returns the requests being processed now.
         clock: for the busy ratio's window.
         frontends: returns front-end number → requests it has sent to the engine core.
     """
 
-    def __init__(self, repository: ModelRegistry, requests: RequestStats, inflight: Callable[[], int], clock: Clock,
-                 frontends: Callable[[], dict[int, int]] = dict) -> None:
-        self.repository = repository
+    def __init__(
+        self, registry: ModelRegistry, requests: RequestStats, inflight: Callable[[], int], clock: Clock,
+        frontends: Callable[[], dict[int, int]] = dict,
+    ) -> None:
+        self.registry = registry
         self.requests = requests
         self.inflight = inflight
         self.frontends = frontends
         self.clock = clock
-        self._last_busy: dict[str, tuple[float, float]] = {}  # model → (time, busy seconds) at the last scrape
+        # model → (time, busy seconds) at the last scrape
+        self._last_busy: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()  # two scrapes at once share _last_busy
 
     def collect(self) -> Iterator[Metric]:
+        """Every family, built now (called by prometheus_client on each scrape)."""
         with self._lock:
             yield from self._requests()
             yield from self._models()
-        yield GaugeMetricFamily("trtserve_inflight_requests", "Requests being processed now (unary and stream messages).", value=self.inflight())
-        per_frontend = CounterMetricFamily("trtserve_frontend_requests", "Requests each front end sent to the engine core.", labels=["frontend"])
+        yield GaugeMetricFamily(
+            "trtserve_inflight_requests", "Requests being processed now (unary and stream messages).",
+            value=self.inflight(),
+        )
+        per_frontend = CounterMetricFamily(
+            "trtserve_frontend_requests", "Requests each front end sent to the engine core.", labels=["frontend"]
+        )
         for index, count in sorted(self.frontends().items()):
             per_frontend.add_metric([str(index)], count)
         yield per_frontend
 
     def _requests(self) -> Iterator[Metric]:
-        count = CounterMetricFamily("trtserve_requests", "Requests answered, by model and gRPC status code.", labels=["model", "code"])
+        count = CounterMetricFamily(
+            "trtserve_requests", "Requests answered, by model and gRPC status code.", labels=["model", "code"]
+        )
         duration = HistogramMetricFamily(
-            "trtserve_request_duration_seconds", "Time from decoding a request to its encoded answer.", labels=["model", "code"]
+            "trtserve_request_duration_seconds", "Time from decoding a request to its encoded answer.",
+            labels=["model", "code"],
         )
         deadline = CounterMetricFamily(
             "trtserve_deadline_exceeded",
-            "Requests past their deadline: answered DEADLINE_EXCEEDED before running (before_run) or answered after the deadline (finished_late).",
+            "Requests past their deadline: answered DEADLINE_EXCEEDED before running (before_run) "
+            "or answered after the deadline (finished_late).",
             labels=["model", "when"],
         )
         rejected = CounterMetricFamily(
@@ -211,8 +230,10 @@ class TrtServeCollector:
             "inflight_bound (the front end held --max-inflight-rpcs requests in progress).",
             labels=["model", "reason"],
         )
-        goodput = CounterMetricFamily("trtserve_goodput_requests", "Requests answered OK within their deadline (or without one).",
-                                      labels=["model"])
+        goodput = CounterMetricFamily(
+            "trtserve_goodput_requests", "Requests answered OK within their deadline (or without one).",
+            labels=["model"],
+        )
         late: dict[str, int] = {}
         early: dict[str, int] = {}
         for model, entry in sorted(list(self.requests.models.items())):
@@ -237,36 +258,60 @@ class TrtServeCollector:
 
     def _dispatchers(self) -> list[tuple[str, Dispatcher]]:
         """(name, dispatcher) of every loaded model, by name."""
-        return [(name, entry.served.dispatcher) for name, entry in sorted(list(self.repository.models.items()))
-                if entry.served is not None]
+        models = sorted(list(self.registry.models.items()))
+        return [(name, entry.served.dispatcher) for name, entry in models if entry.served is not None]
 
     def _models(self) -> Iterator[Metric]:
-        queue_time = HistogramMetricFamily("trtserve_queue_duration_seconds", "Time from queueing a request to its first rows running.", labels=["model"])
-        compute = HistogramMetricFamily("trtserve_compute_duration_seconds", "Engine run time of one batch.", labels=["model"])
+        queue_time = HistogramMetricFamily(
+            "trtserve_queue_duration_seconds", "Time from queueing a request to its first rows running.",
+            labels=["model"],
+        )
+        compute = HistogramMetricFamily(
+            "trtserve_compute_duration_seconds", "Engine run time of one batch.", labels=["model"]
+        )
         batch = HistogramMetricFamily("trtserve_batch_size_rows", "Rows per engine run.", labels=["model"])
         depth = GaugeMetricFamily("trtserve_queue_depth", "Requests waiting in the model's queue.", labels=["model"])
         queued_rows = GaugeMetricFamily("trtserve_queue_rows", "Rows waiting in the model's queue.", labels=["model"])
         slots = GaugeMetricFamily("trtserve_slots", "Execution slots (instance_group count).", labels=["model"])
         busy_now = GaugeMetricFamily("trtserve_slots_busy", "Execution slots running a batch now.", labels=["model"])
-        busy_total = CounterMetricFamily("trtserve_slot_busy_seconds", "Engine run time summed over every slot.", labels=["model"])
+        busy_total = CounterMetricFamily(
+            "trtserve_slot_busy_seconds", "Engine run time summed over every slot.", labels=["model"]
+        )
         busy_ratio = GaugeMetricFamily(
             "trtserve_slot_busy_ratio",
             "Share of slot time spent running batches since the previous scrape "
             "(rate(trtserve_slot_busy_seconds_total[w]) / trtserve_slots for a fixed window).",
             labels=["model"],
         )
-        padding = GaugeMetricFamily("trtserve_padding_ratio", "Share of the elements run that were padding, since load.", labels=["model"])
-        pad_elems = CounterMetricFamily("trtserve_padding_elements", "Input elements run that were padding.", labels=["model"])
-        all_elems = CounterMetricFamily("trtserve_batch_elements", "Input elements run, padding included.", labels=["model"])
-        ready = GaugeMetricFamily("trtserve_model_ready", "1 when the model serves (loaded, and not every slot hung), else 0.", labels=["model"])
-        unhealthy = GaugeMetricFamily("trtserve_slots_unhealthy", "Execution slots running one batch past the hang limit.", labels=["model"])
+        padding = GaugeMetricFamily(
+            "trtserve_padding_ratio", "Share of the elements run that were padding, since load.", labels=["model"]
+        )
+        pad_elems = CounterMetricFamily(
+            "trtserve_padding_elements", "Input elements run that were padding.", labels=["model"]
+        )
+        all_elems = CounterMetricFamily(
+            "trtserve_batch_elements", "Input elements run, padding included.", labels=["model"]
+        )
+        ready = GaugeMetricFamily(
+            "trtserve_model_ready", "1 when the model serves (loaded, and not every slot hung), else 0.",
+            labels=["model"],
+        )
+        unhealthy = GaugeMetricFamily(
+            "trtserve_slots_unhealthy", "Execution slots running one batch past the hang limit.", labels=["model"]
+        )
         predicted = GaugeMetricFamily(
             "trtserve_predicted_batch_seconds",
-            "The latency model: predicted run time of a batch of `rows` rows padded to `length` (measured buckets).",
+            "The latency model: predicted run time of a batch of `rows` rows padded to `length` "
+            "(measured buckets).",
             labels=["model", "rows", "length"],
         )
-        arrival = GaugeMetricFamily("trtserve_arrival_rate_rows", "Rows per second arriving, as the dispatcher estimates it.", labels=["model"])
-        cap = GaugeMetricFamily("trtserve_batch_cap_rows", "Most rows the next batch may take (the adaptive cap, or max_batch_size).", labels=["model"])
+        arrival = GaugeMetricFamily(
+            "trtserve_arrival_rate_rows", "Rows per second arriving, as the dispatcher estimates it.", labels=["model"]
+        )
+        cap = GaugeMetricFamily(
+            "trtserve_batch_cap_rows", "Most rows the next batch may take (the adaptive cap, or max_batch_size).",
+            labels=["model"],
+        )
         drain = GaugeMetricFamily(
             "trtserve_queue_drain_seconds",
             "Predicted time until every queued row and running batch is done, at the latency model's low estimate "
@@ -279,15 +324,20 @@ class TrtServeCollector:
             "the per-batch cost the adaptive policy weighs against waiting.",
             labels=["model"],
         )
-        host_busy = GaugeMetricFamily("trtserve_host_busy_ratio", "Busy share (CPU / wall) of the engine core's event-loop thread, recent windows.", labels=["model"])
+        host_busy = GaugeMetricFamily(
+            "trtserve_host_busy_ratio",
+            "Busy share (CPU / wall) of the engine core's event-loop thread, recent windows.",
+            labels=["model"],
+        )
         tight = GaugeMetricFamily(
             "trtserve_deadline_budget_tight_seconds",
-            "The tight end (10th percentile) of recent requests' deadline budgets (deadline - arrival); batches are "
-            "capped so that such a request arriving during one is still answered in time. Absent while most carry none.",
+            "The tight end (10th percentile) of recent requests' deadline budgets (deadline - arrival); "
+            "batches are capped so that such a request arriving during one is still answered in time. "
+            "Absent while most carry none.",
             labels=["model"],
         )
         now = self.clock.now()
-        for name, entry in sorted(list(self.repository.models.items())):
+        for name, entry in sorted(list(self.registry.models.items())):
             healthy = entry.served is None or entry.served.dispatcher.healthy
             ready.add_metric([name], 1.0 if entry.state.value == "READY" and healthy else 0.0)
         for name, dispatcher in self._dispatchers():
@@ -302,7 +352,8 @@ class TrtServeCollector:
             for size, runs in sizes.items():
                 index = next((i for i, b in enumerate(BATCH_ROW_BUCKETS) if size <= b), len(BATCH_ROW_BUCKETS))
                 per_bucket[index] += runs
-            _histogram(batch, labels, per_bucket, float(sum(size * runs for size, runs in sizes.items())), BATCH_ROW_BUCKETS)
+            rows_run = float(sum(size * runs for size, runs in sizes.items()))
+            _histogram(batch, labels, per_bucket, rows_run, BATCH_ROW_BUCKETS)
             n_slots = dispatcher.backend.slots
             depth.add_metric(labels, len(dispatcher.queue.entries))
             queued_rows.add_metric(labels, dispatcher.queue.queued_rows)
@@ -329,8 +380,8 @@ class TrtServeCollector:
             padding.add_metric(labels, stats.padding_ratio)
             pad_elems.add_metric(labels, stats.padded_elements - stats.real_elements)
             all_elems.add_metric(labels, stats.padded_elements)
-        yield from (queue_time, compute, batch, depth, queued_rows, slots, busy_now, busy_total, busy_ratio, padding, pad_elems, all_elems,
-                    ready, unhealthy, predicted, arrival, cap, drain, host, host_busy, tight)
+        yield from (queue_time, compute, batch, depth, queued_rows, slots, busy_now, busy_total, busy_ratio, padding,
+                    pad_elems, all_elems, ready, unhealthy, predicted, arrival, cap, drain, host, host_busy, tight)
 
 
 class MetricsServer:

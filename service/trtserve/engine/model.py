@@ -12,17 +12,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trtserve.ipc.admission import admit
 from trtserve.batching.dispatcher import Dispatcher
 from trtserve.batching.latency import LatencyModel
 from trtserve.clock import Clock
+from trtserve.datatypes import Tensors
 from trtserve.handlers import has_handler
-from trtserve.datatypes import Tensors
+from trtserve.ipc.admission import admit
 from trtserve.runtimes.base import Backend
-from trtserve.datatypes import Tensors
 from trtserve.spec import ModelSpec, TensorSpec
 
 WARMUP_LENGTH = 16
+"""Size of every variable (-1) dimension in the warm-up batches (config parameter ``warmup_length``)."""
 WARMUP_SWEEPS = 2
 """Warm-up passes over the batch sizes; the last one seeds the latency model."""
 
@@ -50,8 +50,8 @@ class EngineModel:
 
     async def start(self) -> None:
         """Start the dispatcher and warm the model up: synthetic batches of 1, 2, 4, ...
-        ``max_batch_size`` rows (variable dims at ``warmup_length``, parameter, default 16),
-        run ``WARMUP_SWEEPS`` times, so that the first real request pays for no lazy
+        ``max_batch_size`` rows (variable dims at the ``warmup_length`` parameter, default
+        :data:`WARMUP_LENGTH`), run :data:`WARMUP_SWEEPS` times, so that the first real request pays for no lazy
         initialisation and the latency model starts from a measured profile (of the last
         sweep). The model is reported ready only after this."""
         self.dispatcher.start()
@@ -87,8 +87,8 @@ class EngineModel:
 
         Raises:
             InvalidRequest, QueueFull, RequestTimeout, ShuttingDown: see
-            ``Backend.prepare``, :func:`~trtserve.ipc.admission.admit` and
-            :meth:`Dispatcher.submit`.
+            :meth:`~trtserve.runtimes.base.Backend.prepare`, :func:`~trtserve.ipc.admission.admit`
+            and :meth:`~trtserve.batching.dispatcher.Dispatcher.submit`.
         """
         prepared = [self.backend.prepare(s) for s in segments]
         _level, resolved = admit(self.dispatcher.policy, priority, timeout, deadline, self.clock.now())

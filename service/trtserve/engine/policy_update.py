@@ -15,8 +15,8 @@ from typing import Any
 
 from trtserve._proto.trtserve.v1 import control_pb2 as pb
 from trtserve.config import BatchingPolicy
-from trtserve.errors import InvalidRequest
 from trtserve.engine.registry import ModelRegistry
+from trtserve.errors import InvalidRequest
 
 
 def _us(seconds: float) -> int:
@@ -24,7 +24,7 @@ def _us(seconds: float) -> int:
 
 
 def to_message(policy: BatchingPolicy) -> pb.BatchingPolicy:
-    """The run-time adjustable fields of ``policy`` as a message (times in µs)."""
+    """The run-time adjustable fields of ``policy`` as a message (times in µs; 0 for none)."""
     return pb.BatchingPolicy(
         max_batch_size=policy.max_batch_size,
         max_queue_delay_us=_us(policy.max_queue_delay),
@@ -37,12 +37,14 @@ def to_message(policy: BatchingPolicy) -> pb.BatchingPolicy:
     )
 
 
-def apply_update(policy: BatchingPolicy, update: pb.BatchingPolicy, paths: list[str], engine_limit: int) -> BatchingPolicy:
+def apply_update(
+    policy: BatchingPolicy, update: pb.BatchingPolicy, paths: list[str], engine_limit: int
+) -> BatchingPolicy:
     """``policy`` with the fields named in ``paths`` taken from ``update``.
 
     Raises:
         InvalidRequest: an unknown path, or a value out of range (``max_batch_size`` above
-            the limit the model was loaded with, or 0 for a batched model).
+            the limit the model was loaded with, 0 for a batched model, or not 0 for an unbatched one).
     """
     known = set(pb.BatchingPolicy.DESCRIPTOR.fields_by_name)
     unknown = [p for p in paths if p not in known]
@@ -53,8 +55,15 @@ def apply_update(policy: BatchingPolicy, update: pb.BatchingPolicy, paths: list[
     for path in paths:
         value = getattr(update, path)
         if path == "max_batch_size":
+            if not engine_limit and value:
+                raise InvalidRequest(
+                    f"max_batch_size must stay 0: the model has no batch dimension (max_batch_size 0 in its "
+                    f"config), got {value}"
+                )
             if engine_limit and not 1 <= value <= engine_limit:
-                raise InvalidRequest(f"max_batch_size must be in 1..{engine_limit} (the model's limit), got {value}")
+                raise InvalidRequest(
+                    f"max_batch_size must be in 1..{engine_limit} (the model's limit), got {value}"
+                )
             changes["max_batch_size"] = value
         elif path == "max_queue_delay_us":
             changes["max_queue_delay"] = value / 1e6
@@ -74,24 +83,27 @@ def apply_update(policy: BatchingPolicy, update: pb.BatchingPolicy, paths: list[
         raise InvalidRequest(str(exc)) from None
 
 
-def get_policy(repository: ModelRegistry, request: pb.GetPolicyRequest) -> pb.BatchingPolicy:
+def get_policy(registry: ModelRegistry, request: pb.GetPolicyRequest) -> pb.BatchingPolicy:
     """GetPolicy: the batching policy in force for ``request.model_name``.
 
     Raises:
-        ModelNotFound (NOT_FOUND), ModelNotReady (UNAVAILABLE): see :meth:`ModelRegistry.get`.
+        ModelNotFound (NOT_FOUND), ModelNotReady (UNAVAILABLE): see
+            :meth:`~trtserve.engine.registry.ModelRegistry.get`.
     """
-    return to_message(repository.get(request.model_name).dispatcher.policy)
+    return to_message(registry.get(request.model_name).dispatcher.policy)
 
 
-def set_policy(repository: ModelRegistry, request: pb.SetPolicyRequest) -> pb.BatchingPolicy:
+def set_policy(registry: ModelRegistry, request: pb.SetPolicyRequest) -> pb.BatchingPolicy:
     """SetPolicy: change the fields named in ``request.update_mask`` for the next batch on.
 
     Raises:
-        ModelNotFound, ModelNotReady: see :meth:`ModelRegistry.get`.
+        ModelNotFound, ModelNotReady: see :meth:`~trtserve.engine.registry.ModelRegistry.get`.
         InvalidRequest (INVALID_ARGUMENT): see :func:`apply_update`.
     """
-    served = repository.get(request.model_name)
+    served = registry.get(request.model_name)
     dispatcher = served.dispatcher
-    new = apply_update(dispatcher.policy, request.policy, list(request.update_mask.paths), served.spec.policy.max_batch_size)
+    new = apply_update(
+        dispatcher.policy, request.policy, list(request.update_mask.paths), served.spec.policy.max_batch_size
+    )
     dispatcher.set_policy(new)
     return to_message(new)

@@ -47,32 +47,39 @@ class CoreQueries:
         return statistics.model_ready(self.registry, name, version)
 
     def statistics(self, name: str, version: str) -> bytes:
-        """A serialized ModelStatisticsResponse (:func:`~trtserve.engine.statistics.model_statistics`)."""
+        """A serialized ModelStatisticsResponse
+        (:func:`~trtserve.engine.statistics.model_statistics`)."""
         return statistics.model_statistics(self.registry, self.requests, name, version).SerializeToString()
 
     def repository_index(self, ready_only: bool) -> bytes:
-        """A serialized RepositoryIndexResponse."""
+        """A serialized RepositoryIndexResponse (:func:`~trtserve.engine.statistics.repository_index`)."""
         return statistics.repository_index(self.lifecycle.index(), ready_only).SerializeToString()
 
     def load(self, name: str, parameters: dict[str, Any]) -> Coroutine[Any, Any, None]:
-        """RepositoryModelLoad (:meth:`ModelLifecycle.load <trtserve.engine.lifecycle.ModelLifecycle.load>`)."""
+        """RepositoryModelLoad (:meth:`~trtserve.engine.lifecycle.ModelLifecycle.load`)."""
         return self.lifecycle.load(name, parameters)
 
     def unload(self, name: str, parameters: dict[str, Any]) -> Coroutine[Any, Any, None]:
-        """RepositoryModelUnload (:meth:`ModelLifecycle.unload <trtserve.engine.lifecycle.ModelLifecycle.unload>`)."""
+        """RepositoryModelUnload (:meth:`~trtserve.engine.lifecycle.ModelLifecycle.unload`)."""
         return self.lifecycle.unload(name, parameters)
 
     def get_policy(self, request: bytes) -> bytes:
-        """ModelControl GetPolicy, serialized in and out (:func:`~trtserve.engine.policy_update.get_policy`)."""
-        return policy_update.get_policy(self.registry, control_pb2.GetPolicyRequest.FromString(request)).SerializeToString()
+        """ModelControl GetPolicy, serialized in and out
+        (:func:`~trtserve.engine.policy_update.get_policy`)."""
+        answer = policy_update.get_policy(self.registry, control_pb2.GetPolicyRequest.FromString(request))
+        return answer.SerializeToString()
 
     def set_policy(self, request: bytes) -> bytes:
-        """ModelControl SetPolicy, serialized in and out (:func:`~trtserve.engine.policy_update.set_policy`)."""
-        return policy_update.set_policy(self.registry, control_pb2.SetPolicyRequest.FromString(request)).SerializeToString()
+        """ModelControl SetPolicy, serialized in and out
+        (:func:`~trtserve.engine.policy_update.set_policy`)."""
+        answer = policy_update.set_policy(self.registry, control_pb2.SetPolicyRequest.FromString(request))
+        return answer.SerializeToString()
 
     def inflight_bound(self) -> int | None:
         """A front end's automatic in-flight bound (:func:`~trtserve.batching.capacity.inflight_bound`)."""
-        return inflight_bound([m.dispatcher for e in self.registry.models.values() for m in e.versions.values()])
+        return inflight_bound(
+            [m.dispatcher for e in self.registry.models.values() for m in e.versions.values()]
+        )
 
 
 __all__ = ["CoreQueries"]

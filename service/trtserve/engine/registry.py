@@ -34,6 +34,9 @@ class ModelEntry:
     """A model directory and what became of it.
 
     Attributes:
+        name: the model's name (its directory under the repository).
+        state: READY, LOADING, UNLOADING or UNAVAILABLE.
+        reason: why it is not READY (a load failure, ``"unloaded"``); empty otherwise.
         versions: version → the instance serving it, ascending; swapped as a whole on a
             (re)load, so a request sees the old set or the new, never a mix.
         wanted: asked for (at start, or by a load not undone by an unload): strict readiness
@@ -58,6 +61,8 @@ class ModelEntry:
 
 
 BackendFactory = Callable[[ModelSpec], object]
+"""Builds a model's runtime (a :class:`~trtserve.runtimes.base.Backend`) from its spec; runs
+on a worker thread and may raise (the model is then unavailable with that reason)."""
 
 
 class ModelRegistry:
@@ -69,7 +74,7 @@ class ModelRegistry:
     Args:
         root: the model repository directory (``engines/``).
         clock: time source handed to each model's dispatcher.
-        backend_factory: builds a model's runtime from its spec (``trtserve.runtimes.create``).
+        backend_factory: builds a model's runtime from its spec (:func:`trtserve.runtimes.create`).
     """
 
     def __init__(self, root: Path, *, clock: Clock, backend_factory: BackendFactory) -> None:
@@ -80,10 +85,11 @@ class ModelRegistry:
         self.listeners: list[Callable[[], None]] = []
         self._warmup = asyncio.Lock()
         self._busy: dict[str, asyncio.Lock] = {}  # model → held while it loads or unloads
-        self._files: dict[tuple[str, str], tuple[object, ...]] = {}  # (model, version) → files it was built from
+        # (model, version) → the config and files it was built from
+        self._files: dict[tuple[str, str], tuple[object, ...]] = {}
 
     def discover(self) -> list[str]:
-        """Names of the model directories (see :func:`model_dirs`), sorted."""
+        """Names of the model directories (see :func:`~trtserve.repository.model_dirs`), sorted."""
         return model_dirs(self.root)
 
     async def load_all(self, names: list[str] | None = None) -> None:
@@ -117,8 +123,11 @@ class ModelRegistry:
                 versions: dict[str, EngineModel] = {}
                 for spec in await asyncio.to_thread(load_specs, self.root / name, config):
                     key = (name, spec.version)
-                    files_of[key] = (spec.config.SerializeToString(deterministic=True),
-                                     fingerprint(spec.model_dir, skip_versions=True), fingerprint(spec.version_dir))
+                    files_of[key] = (
+                        spec.config.SerializeToString(deterministic=True),
+                        fingerprint(spec.model_dir, skip_versions=True),
+                        fingerprint(spec.version_dir),
+                    )
                     kept = entry.versions.get(spec.version)
                     if kept is None or self._files.get(key) != files_of[key]:
                         kept = await self._start(spec)
@@ -180,7 +189,8 @@ class ModelRegistry:
         except BaseException:
             await served.aclose()
             raise
-        log.info("model %s version %s built (%s, %d slot(s))", spec.name, spec.version, spec.platform, spec.instances)
+        log.info("model %s version %s built (%s, %d slot(s))",
+                 spec.name, spec.version, spec.platform, spec.instances)
         return served
 
     async def _retire(self, models: list[EngineModel]) -> None:
@@ -201,7 +211,8 @@ class ModelRegistry:
 
         Raises:
             ModelNotFound: no such model, or a version it does not serve.
-            ModelNotReady: the model is loading, unloading, unloaded or failed to load (with the reason).
+            ModelNotReady: the model is loading, unloading, unloaded or failed to load (with the
+                reason).
         """
         entry = self.models.get(name)
         if entry is None:
@@ -214,7 +225,9 @@ class ModelRegistry:
             return next(reversed(versions.values()))
         served = versions.get(version)
         if served is None:
-            raise ModelNotFound(f"model '{name}' has no version '{version}' (serving version(s) {', '.join(versions)})")
+            raise ModelNotFound(
+                f"model '{name}' has no version '{version}' (serving version(s) {', '.join(versions)})"
+            )
         return served
 
     @property

@@ -1,21 +1,24 @@
 """Whole-server answers built in the engine core: ModelStatistics, RepositoryIndex, readiness.
 
-The engine core owns every model's batching numbers (:class:`~trtserve.batching.stats.DispatchStats`)
-and the request outcomes that every front end ships to it (:class:`~trtserve.engine.metrics.RequestStats`),
-so these answers are the same whichever front end a client reached.
+The engine core owns every model's batching numbers
+(:class:`~trtserve.batching.stats.DispatchStats`) and the request outcomes that every front end
+ships to it (:class:`~trtserve.engine.metrics.RequestStats`), so these answers are the same
+whichever front end a client reached.
 """
 
 from __future__ import annotations
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
-from trtserve.errors import ModelNotReady, TrtServeError
 from trtserve.engine.metrics import ModelRequests, RequestStats
-from trtserve.engine.registry import ModelRegistry
-from trtserve.ipc.engine import ModelState
 from trtserve.engine.model import EngineModel
+from trtserve.engine.registry import ModelRegistry
+from trtserve.errors import ModelNotReady, TrtServeError
+from trtserve.ipc.engine import ModelState
 
 
-def model_statistics(repository: ModelRegistry, requests: RequestStats, name: str, version: str) -> pb.ModelStatisticsResponse:
+def model_statistics(
+    registry: ModelRegistry, requests: RequestStats, name: str, version: str
+) -> pb.ModelStatisticsResponse:
     """Triton's ModelStatistics for model ``name`` (every ready model when empty), one entry
     per served version (only ``version`` when given).
 
@@ -30,19 +33,21 @@ def model_statistics(repository: ModelRegistry, requests: RequestStats, name: st
         ModelNotFound (NOT_FOUND): no such model or version. A model that is not ready is
             left out.
     """
-    names = [name] if name else sorted(repository.models)
+    names = [name] if name else sorted(registry.models)
     response = pb.ModelStatisticsResponse()
     for model in names:
         try:
-            first = repository.get(model, version)  # raises for a model not served
+            first = registry.get(model, version)  # raises for a model not served
         except ModelNotReady:
             continue
-        for instance in [first] if version else list(repository.models[model].versions.values()):
+        for instance in [first] if version else list(registry.models[model].versions.values()):
             _add_version(response, requests, model, instance)
     return response
 
 
-def _add_version(response: pb.ModelStatisticsResponse, requests: RequestStats, model: str, served: EngineModel) -> None:
+def _add_version(
+    response: pb.ModelStatisticsResponse, requests: RequestStats, model: str, served: EngineModel
+) -> None:
     stats = served.dispatcher.stats
     model_stats = response.model_stats.add(
         name=model,
@@ -78,11 +83,12 @@ def repository_index(rows: list[tuple[str, str, str, str]], ready_only: bool) ->
     return response
 
 
-def model_ready(repository: ModelRegistry, name: str, version: str) -> bool:
-    """ModelReady: loaded, and not every execution slot hung (``Dispatcher.healthy``), so a
-    load balancer polling it routes away from a wedged model."""
+def model_ready(registry: ModelRegistry, name: str, version: str) -> bool:
+    """ModelReady: loaded, and not every execution slot hung
+    (:attr:`Dispatcher.healthy <trtserve.batching.dispatcher.Dispatcher.healthy>`), so a load
+    balancer polling it routes away from a wedged model. Never raises."""
     try:
-        served = repository.get(name, version)
+        served = registry.get(name, version)
     except TrtServeError:
         return False
     return served.dispatcher.healthy

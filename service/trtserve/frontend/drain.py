@@ -13,15 +13,19 @@ from trtserve.frontend.inflight import InflightGate
 log = logging.getLogger(__name__)
 
 FINAL_WRITE_S = 0.5
-"""After the grace ran out, how long the UNAVAILABLE answers get to be written before the server stops."""
+"""After the grace ran out, how long the UNAVAILABLE answers get to be written before the server
+stops (seconds)."""
 FINAL_STOP_S = 5.0
-"""Once all is answered, the longest the server waits for the last writes before it stops."""
+"""Once all is answered, the longest the server waits for the last writes before it stops
+(seconds)."""
 
 
 class Stoppable(Protocol):
     """A transport's server: ``grpc.aio.Server``, or an HTTP server with the same ``stop``."""
 
-    async def stop(self, grace: float | None) -> None: ...
+    async def stop(self, grace: float | None) -> None:
+        """Stop serving: calls still running get ``grace`` seconds (``None``: no limit)."""
+        ...
 
 
 class Drainable(Protocol):
@@ -30,7 +34,9 @@ class Drainable(Protocol):
     inflight: InflightGate
     clock: Clock
 
-    async def begin_drain(self) -> None: ...
+    async def begin_drain(self) -> None:
+        """Stop admitting (ServerReady false, health NOT_SERVING, new requests UNAVAILABLE)."""
+        ...
 
 
 async def drain(server: Stoppable, service: Drainable, grace: float) -> None:
@@ -59,7 +65,9 @@ async def drain(server: Stoppable, service: Drainable, grace: float) -> None:
     # Everything admitted is answered: what is left is writing the last stream messages
     # (and open health Watch calls, which never end by themselves), so a short stop.
     remaining = left()
-    await server.stop(FINAL_STOP_S if remaining is None else min(max(remaining, FINAL_WRITE_S), FINAL_STOP_S))
+    await server.stop(
+        FINAL_STOP_S if remaining is None else min(max(remaining, FINAL_WRITE_S), FINAL_STOP_S)
+    )
 
 
 __all__ = ["FINAL_STOP_S", "FINAL_WRITE_S", "Drainable", "Stoppable", "drain"]

@@ -19,7 +19,9 @@ from trtserve.errors import InflightFull, ShuttingDown, TrtServeError
 log = logging.getLogger(__name__)
 
 REFUSED = "the server is shutting down and accepts no new requests"
+"""The message of a request refused while draining (UNAVAILABLE)."""
 GRACE_EXPIRED = "the server's shutdown grace period ran out before this request finished"
+"""The message of a request abandoned when the grace runs out (UNAVAILABLE)."""
 
 
 class InflightGate:

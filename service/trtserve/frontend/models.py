@@ -16,8 +16,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
 from trtserve.errors import ModelNotFound, ModelNotReady
-from trtserve.ipc.engine import ModelState
-from trtserve.ipc.engine import Engine, ModelInfo
+from trtserve.ipc.engine import Engine, ModelInfo, ModelState
 from trtserve.pipeline import FrontendModel
 
 log = logging.getLogger(__name__)
@@ -66,7 +65,9 @@ class ModelTable:
                     model = current.get(name, {}).get(spec.version)
                     if model is None or model.spec != spec:
                         try:
-                            model = await asyncio.to_thread(FrontendModel, spec, self.engine, pool=self.pool)
+                            model = await asyncio.to_thread(
+                                FrontendModel, spec, self.engine, pool=self.pool
+                            )
                         except Exception as exc:  # this model is unavailable here; the others serve
                             unavailable[name] = f"its handler failed to load: {type(exc).__name__}: {exc}"
                             log.error("model %s: %s", name, unavailable[name])
@@ -103,10 +104,14 @@ class ModelTable:
         spec = next((s for s in info.specs if s.version == wanted), None)
         if spec is None:
             served = ", ".join(s.version for s in info.specs)
-            raise ModelNotFound(f"model '{name}' has no version '{version}' (serving version(s) {served})")
+            raise ModelNotFound(
+                f"model '{name}' has no version '{version}' (serving version(s) {served})"
+            )
         model = self.versions.get(name, {}).get(wanted)
         if (model is None or model.spec != spec) and name not in self.unavailable:
-            await self.refresh()  # the table is newer than what is built: build it now (a failed handler is retried on the next table)
+            # The table is newer than what is built: build it now (a failed handler is retried
+            # on the next table).
+            await self.refresh()
             model = self.versions.get(name, {}).get(wanted)
         if model is None:
             why = self.unavailable.get(name, "it is not built in this front end")

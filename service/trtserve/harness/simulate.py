@@ -58,9 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="loads: each request's deadline after arrival, ms (default: 10)")
     parser.add_argument("--loads", type=float, nargs="+", default=[0.2, 0.5, 0.8, 0.95],
                         help="loads: fractions of capacity (default: 0.2 0.5 0.8 0.95)")
-    parser.add_argument("--timers-ms", type=float, nargs="+", default=[0.5, 2.0, 10.0], help="fixed queue delays to compare, ms")
-    parser.add_argument("--duration", type=float, default=2.0, help="seconds of simulated arrivals per point (default: 2)")
-    parser.add_argument("--bursty", action="store_true", help="loads: bursty arrivals (all in the first quarter of every 100 ms)")
+    parser.add_argument("--timers-ms", type=float, nargs="+", default=[0.5, 2.0, 10.0],
+                        help="fixed queue delays to compare, ms")
+    parser.add_argument("--duration", type=float, default=2.0,
+                        help="seconds of simulated arrivals per point (default: 2)")
+    parser.add_argument("--bursty", action="store_true",
+                        help="loads: bursty arrivals (all in the first quarter of every 100 ms)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the results here")
 
@@ -188,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
         _table(results, classes=(tight, 10 * tight))
         failed = _report_mixed(by_policy, tight) + _report_adaptive(results)
     if args.json:
-        args.json.write_text(json.dumps({str(k): {n: asdict(r) for n, r in v.items()} for k, v in results.items()}, indent=1))
+        table = {str(k): {n: asdict(r) for n, r in v.items()} for k, v in results.items()}
+        args.json.write_text(json.dumps(table, indent=1))
     return 1 if failed else 0
 
 

@@ -1,5 +1,5 @@
 """``python -m trtserve.harness.soak``: a long run of mixed traffic against a real server process,
-watching for leaks, stalls and wrong answers (issue 10; ``make soak``, not part of CI).
+watching for leaks, stalls and wrong answers (``make soak``, not part of CI).
 
 It starts ``trtserve serve`` on a repository holding only the chosen model (default ``minilm``)
 and, for ``--duration`` seconds, runs at once:
@@ -43,8 +43,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from trtserve.client import Client, build_request, parse_response
 from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve.client import Client, build_request, parse_response
 from trtserve.tools.child_server import ServerProcess
 
 PROBES = ["A man is playing a guitar.", "Two dogs run across a snowy field.", "The stock market fell sharply today."]
@@ -53,15 +53,20 @@ FATAL = {"UNKNOWN", "INTERNAL"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-repository", type=Path, default=Path("engines"), help="repository with the model (default: engines)")
-    parser.add_argument("--model", default="minilm", help="model to soak; its input must be TEXT (BYTES [1]) (default: minilm)")
+    parser.add_argument("--model-repository", type=Path, default=Path("engines"),
+                        help="repository with the model (default: engines)")
+    parser.add_argument("--model", default="minilm",
+                        help="model to soak; its input must be TEXT (BYTES [1]) (default: minilm)")
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of traffic (default: 600)")
-    parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="data directory for real sentences (default: ../shared/data)")
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"),
+                        help="data directory for real sentences (default: ../shared/data)")
     parser.add_argument("--unary-workers", type=int, default=4)
     parser.add_argument("--stream-workers", type=int, default=2)
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS samples (default: 10)")
-    parser.add_argument("--max-growth", type=float, default=0.05, help="largest allowed RSS growth after warm-up (default: 0.05)")
-    parser.add_argument("--warmup", type=float, default=None, help="seconds of warm-up before RSS growth is measured (default: 20%% of --duration)")
+    parser.add_argument("--max-growth", type=float, default=0.05,
+                        help="largest allowed RSS growth after warm-up (default: 0.05)")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="seconds of warm-up before RSS growth is measured (default: 20%% of --duration)")
     parser.add_argument("--report", type=Path, help="also write the report as JSON here")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `trtserve serve` flag (repeatable)")
 
@@ -172,7 +177,8 @@ class Soak:
         with Client(self.url) as c:
             while self.running():
                 if rng.random() < 0.7:
-                    future = c.stub.ModelInfer.future(build_request(self.model, texts([rng.choice(self.corpus)])), timeout=30)
+                    request = build_request(self.model, texts([rng.choice(self.corpus)]))
+                    future = c.stub.ModelInfer.future(request, timeout=30)
                     time.sleep(rng.uniform(0, 0.05))
                     future.cancel()
                     self.count("cancelled unary", future.code().name)
@@ -246,13 +252,15 @@ def run(args: argparse.Namespace) -> int:
         workers = (
             [threading.Thread(target=soak.unary, args=(i,)) for i in range(args.unary_workers)]
             + [threading.Thread(target=soak.stream, args=(100 + i,)) for i in range(args.stream_workers)]
-            + [threading.Thread(target=soak.cancelling, args=(200,)), threading.Thread(target=soak.malformed, args=(300,))]
+            + [threading.Thread(target=soak.cancelling, args=(200,)),
+               threading.Thread(target=soak.malformed, args=(300,))]
         )
         for w in workers:
             w.start()
         samples: list[tuple[float, int]] = [(0.0, start_rss)]
         stalls = 0
-        print(f"soak: {args.model} on {server.url} (pid {server.pid}) for {args.duration:.0f} s; RSS at start {start_rss / mib:.1f} MiB", flush=True)
+        print(f"soak: {args.model} on {server.url} (pid {server.pid}) for {args.duration:.0f} s; "
+              f"RSS at start {start_rss / mib:.1f} MiB", flush=True)
         while soak.running():
             time.sleep(min(args.sample_every, max(0.0, soak.deadline - time.monotonic())))
             now = time.monotonic() - started
@@ -283,7 +291,8 @@ def run(args: argparse.Namespace) -> int:
         "duration_s": round(time.monotonic() - started, 1),
         "requests_served": soak.served,
         "by_kind": {kind: dict(codes) for kind, codes in sorted(soak.codes.items())},
-        "errors_by_status": dict(sum((Counter({k: v for k, v in c.items() if k != "OK"}) for c in soak.codes.values()), Counter())),
+        "errors_by_status": dict(sum((Counter({k: v for k, v in c.items() if k != "OK"}) for c in soak.codes.values()),
+                                     Counter())),
         "rss_mib": {k: round(v / mib, 1) for k, v in checkpoints.items()},
         "rss_after_warmup_mib": round(baseline / mib, 1),
         "rss_final_mib": round(final / mib, 1),
@@ -301,7 +310,8 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         args.report.write_text(json.dumps(report, indent=2) + "\n")
     ok = not soak.problems and growth < args.max_growth and stalls == 0 and alive and exit_code == 0
-    print(f"soak: {'PASS' if ok else 'FAIL'}: {soak.served} requests served, RSS {baseline / mib:.1f} -> {final / mib:.1f} MiB "
+    print(f"soak: {'PASS' if ok else 'FAIL'}: {soak.served} requests served, "
+          f"RSS {baseline / mib:.1f} -> {final / mib:.1f} MiB "
           f"({growth * 100:+.2f}% after warm-up), {len(soak.problems)} problem(s)")
     return 0 if ok else 1
 

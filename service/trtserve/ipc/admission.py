@@ -23,14 +23,18 @@ from dataclasses import dataclass
 from trtserve.config import BatchingPolicy
 from trtserve.errors import DeadlineUnmeetable, InvalidRequest, Overloaded, QueueFull, TrtServeError
 
-def admit(policy: BatchingPolicy, priority: int, timeout: float | None, transport_deadline: float, now: float) -> tuple[int, float]:
+
+def admit(
+    policy: BatchingPolicy, priority: int, timeout: float | None, transport_deadline: float, now: float
+) -> tuple[int, float]:
     """The priority level and the absolute deadline of a request arriving at ``now``.
 
     Args:
         priority: the ``priority`` parameter: 1 is the most urgent; 0 (absent) means the
             model's ``default_priority_level``.
         timeout: the ``timeout`` parameter in seconds, or ``None`` when absent.
-        transport_deadline: the transport's deadline (gRPC's or the HTTP header's) (monotonic seconds; ``math.inf`` for none).
+        transport_deadline: the transport's deadline, gRPC's or the HTTP header's (monotonic
+            seconds; ``math.inf`` for none).
         now: monotonic seconds.
 
     Returns:
@@ -71,17 +75,21 @@ class QueueHint:
     points: tuple[tuple[int, float, float], ...] = ()
     full: tuple[tuple[int, float], ...] = ()
 
-    def refusal(self, model: str, priority: int, timeout: float | None, transport_deadline: float, now: float) -> TrtServeError | None:
+    def refusal(
+        self, model: str, priority: int, timeout: float | None, transport_deadline: float, now: float
+    ) -> TrtServeError | None:
         """The error a front end answers without sending the request, or ``None`` to send it.
 
         Args:
             model: the model's name (for the message).
             priority, timeout: the request's parameters (timeout in seconds, or ``None``).
-            transport_deadline: the transport's deadline (monotonic seconds, ``math.inf`` for none).
+            transport_deadline: the transport's deadline (monotonic seconds, ``math.inf`` for
+                none).
             now: monotonic seconds.
 
         Returns:
-            DeadlineUnmeetable (DEADLINE_EXCEEDED), QueueFull or Overloaded (RESOURCE_EXHAUSTED).
+            DeadlineUnmeetable (DEADLINE_EXCEEDED), QueueFull or Overloaded (RESOURCE_EXHAUSTED);
+            ``None`` when the hint gives no reason to refuse.
 
         Raises:
             InvalidRequest: ``priority`` outside the model's levels (as the engine core would).
@@ -114,7 +122,11 @@ def shed(hint: QueueHint | None, model: str, priority: int, timeout: float | Non
          now: float) -> TrtServeError | None:
     """A front end's refusal before it sends a request: :meth:`QueueHint.refusal`, or with no
     hint yet (no answer of this model has come back), DeadlineUnmeetable for a deadline
-    already passed (the request was read too late), else ``None``."""
+    already passed (the request was read too late), else ``None``.
+
+    Raises:
+        InvalidRequest: with a hint, ``priority`` outside the model's levels.
+    """
     if hint is not None:
         return hint.refusal(model, priority, timeout, transport_deadline, now)
     latest = min(transport_deadline, now + timeout) if timeout is not None else transport_deadline

@@ -1,11 +1,11 @@
 """A ZeroMQ socket served by the running asyncio loop: one reader callback drains every message
 that has arrived, with no future per message.
 
-pyzmq's own asyncio sockets create and resolve a future for each receive and send; at a few
-thousand messages a second that machinery was a third of the engine core's busy loop time
-(py-spy, README "Process model"). Here the socket's file descriptor wakes a drain that receives
-with ``NOBLOCK`` until nothing is left and hands each message to a callback; sends never block
-(both ends set no high-water mark, so a send only queues).
+pyzmq's own asyncio sockets create and resolve a future for each receive and send, and at
+thousands of messages a second that machinery takes a large share of the engine core's loop.
+Here the socket's file descriptor wakes a drain that receives with ``NOBLOCK`` until nothing is
+left and hands each message to a callback; sends never block (both ends set no high-water
+mark, so a send only queues).
 
 ZeroMQ's descriptor signals *changes* (edge-triggered): a send may consume the notification
 of a message that arrived meanwhile, so after every send the socket's ``EVENTS`` is checked
@@ -94,5 +94,6 @@ class Channel:
             try:
                 self.on_message(frames)
             except Exception:  # one bad message must not stop the others
-                log.exception("a message on %s could not be handled", self.socket.getsockopt_string(zmq.LAST_ENDPOINT))
+                log.exception("a message on %s could not be handled",
+                              self.socket.getsockopt_string(zmq.LAST_ENDPOINT))
         self._schedule()  # more may be waiting: continue after the loop's other work

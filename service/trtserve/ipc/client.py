@@ -2,7 +2,8 @@
 :mod:`trtserve.ipc.messages`).
 
 :meth:`EngineClient.infer` sends one request's engine rows and waits for its outputs; if the
-waiting task is cancelled (the call was cancelled or its deadline passed), a :class:`Cancel`
+waiting task is cancelled (the call was cancelled or its deadline passed), a
+:class:`~trtserve.ipc.messages.Cancel`
 takes the rows out of the engine core's queue. Request outcomes are shipped to the engine core
 in small batches (:meth:`EngineClient.record`), so ModelStatistics and the metrics count every
 front end's requests; a query sends the outcomes recorded before it first, so a client that
@@ -67,9 +68,11 @@ class EngineClient(EngineView):
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._outcomes: list[Outcome] = []
-        self._refused: Counter[str] = Counter()  # model → refused here, on the deadline, since the last flush
+        # model → requests refused here, on the deadline, since the last flush
+        self._refused: Counter[str] = Counter()
         self._hints: dict[str, QueueHint] = {}  # model → its queue, as the core's last answer said
-        self._hint_frames: dict[str, bytes] = {}  # ... and as it came (read again only when it changes)
+        # ... and as it came (unpickled again only when it changes)
+        self._hint_frames: dict[str, bytes] = {}
         self._active = 0
         self._sent_active = 0
         self._flush_scheduled = False
@@ -119,7 +122,8 @@ class EngineClient(EngineView):
         """
         rid = next(self._ids)
         layout, frames = framing.pack(segments)
-        future: asyncio.Future[tuple[list[Tensors], float, str]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[list[Tensors], float, str]] = loop.create_future()
         self._pending[rid] = future
         self._send(Infer(rid, model, version, priority, timeout, deadline, layout), frames)
         try:
@@ -153,11 +157,12 @@ class EngineClient(EngineView):
 
         Args:
             priority, timeout: the request's parameters (timeout in seconds, or ``None``).
-            deadline: the transport's deadline, monotonic seconds (``math.inf``: none); ``now``: the
-                time the ``timeout`` counts from.
+            deadline: the transport's deadline, monotonic seconds (``math.inf``: none); ``now``:
+                the time the ``timeout`` counts from.
 
         Raises:
-            DeadlineUnmeetable (DEADLINE_EXCEEDED): even a batch of one started now would finish late.
+            DeadlineUnmeetable (DEADLINE_EXCEEDED): even a batch of one started now would finish
+                late.
             QueueFull (RESOURCE_EXHAUSTED): the model's queue at that level is full.
             Overloaded (RESOURCE_EXHAUSTED): the predicted queue wait exceeds the deadline.
             InvalidRequest (INVALID_ARGUMENT): a priority outside the model's levels.
@@ -173,7 +178,8 @@ class EngineClient(EngineView):
         """Count one answered request (sent with others on the next turn of the loop).
 
         Args:
-            model: its model name (or :data:`~trtserve.ipc.messages.UNKNOWN_MODEL`); ``code``: the gRPC status name.
+            model: its model name (or :data:`~trtserve.ipc.messages.UNKNOWN_MODEL`); ``code``:
+                the gRPC status name.
             seconds: from decoding to the encoded answer.
             refusal: the reason it was refused at admission (``TrtServeError.refusal``), or None;
                 ``late``: answered OK after its deadline.
@@ -193,7 +199,8 @@ class EngineClient(EngineView):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if (self._outcomes or self._refused or self._active != self._sent_active) and self._channel is not None:
+        changed = self._outcomes or self._refused or self._active != self._sent_active
+        if changed and self._channel is not None:
             outcomes, self._outcomes = tuple(self._outcomes), []
             refused, self._refused = dict(self._refused), Counter()
             self._sent_active = self._active

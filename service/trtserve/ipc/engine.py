@@ -1,5 +1,6 @@
-"""The engine core as every front end sees it, whatever its transport: the model table, ``infer``,
-the admission refusal before a request crosses, outcome records, and the queries as methods.
+"""The engine core as every front end sees it, whatever its transport: the model table,
+``infer``, the admission refusal before a request crosses, outcome records, and the queries as
+methods.
 
 Two implementations: :class:`~trtserve.ipc.client.EngineClient` (a front-end process, over
 ZeroMQ) and :class:`~trtserve.engine.local.LocalEngine` (the engine core in the same process).
@@ -59,15 +60,18 @@ class EngineQueries:
         raise NotImplementedError
 
     async def server_ready(self) -> bool:
-        """Whether the engine core counts the server ready (its models loaded, by ``--strict-readiness``)."""
+        """Whether the engine core counts the server ready (its models loaded, by
+        ``--strict-readiness``)."""
         return bool(await self.ask(QueryKind.SERVER_READY))
 
     async def model_ready(self, name: str, version: str) -> bool:
-        """Whether ``name`` at ``version`` (empty: the highest) is served and not every slot hung."""
+        """Whether ``name`` at ``version`` (empty: the highest) is served and not every slot
+        hung."""
         return bool(await self.ask(QueryKind.MODEL_READY, name, version))
 
     async def statistics(self, name: str, version: str) -> bytes:
-        """A serialized ``ModelStatisticsResponse`` for ``name`` (empty: every model) at ``version``."""
+        """A serialized ``ModelStatisticsResponse`` for ``name`` (empty: every model) at
+        ``version``."""
         return bytes(await self.ask(QueryKind.STATISTICS, name, version))
 
     async def repository_index(self, ready_only: bool) -> bytes:
@@ -83,7 +87,8 @@ class EngineQueries:
         await self.ask(QueryKind.UNLOAD, name, parameters)
 
     async def get_policy(self, request: bytes) -> bytes:
-        """ModelControl GetPolicy: a serialized ``trtserve.v1.BatchingPolicy`` for a serialized request."""
+        """ModelControl GetPolicy: a serialized ``trtserve.v1.BatchingPolicy`` for a serialized
+        request."""
         return bytes(await self.ask(QueryKind.GET_POLICY, request))
 
     async def set_policy(self, request: bytes) -> bytes:
@@ -134,8 +139,10 @@ class EngineView(EngineQueries):
             raise ModelNotReady("the server is still loading its models")
         info = self.models.get(name)
         if info is None:
-            raise ModelNotFound(f"unknown model '{name}': the server serves no such model now (RepositoryIndex lists "
-                                "the repository's models with their state, e.g. 'not loaded')")
+            raise ModelNotFound(
+                f"unknown model '{name}': the server serves no such model now (RepositoryIndex lists "
+                "the repository's models with their state, e.g. 'not loaded')"
+            )
         return info
 
 
@@ -149,42 +156,72 @@ class Engine(Protocol):
     strict: bool
     listeners: list[Callable[[], None]]
 
-    def model(self, name: str) -> ModelInfo: ...
+    def model(self, name: str) -> ModelInfo:
+        """The table entry of ``name`` (see :meth:`EngineView.model`)."""
+        ...
 
-    async def infer(self, model: str, version: str, segments: list[Tensors], *, priority: int = 0,
-                    timeout: float | None = None, deadline: float = math.inf) -> tuple[list[Tensors], float, str]:
-        """Run one request's engine rows; returns (outputs per segment, the resolved deadline, the version
-        that answered). See :meth:`EngineClient.infer <trtserve.ipc.client.EngineClient.infer>`."""
+    async def infer(
+        self, model: str, version: str, segments: list[Tensors], *, priority: int = 0,
+        timeout: float | None = None, deadline: float = math.inf,
+    ) -> tuple[list[Tensors], float, str]:
+        """Run one request's engine rows; returns (outputs per segment, the resolved deadline,
+        the version that answered). See :meth:`EngineClient.infer <trtserve.ipc.client.EngineClient.infer>`."""
         ...
 
     def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float) -> None:
         """Refuse a request that cannot finish in time before it crosses (the admission rule's
-        front-end side, :func:`~trtserve.ipc.admission.shed`); call once per request, before decoding."""
+        front-end side, :func:`~trtserve.ipc.admission.shed`); call once per request, before
+        decoding."""
         ...
 
-    def record(self, model: str, code: str, seconds: float, *, refusal: str | None, late: bool) -> None: ...
+    def record(self, model: str, code: str, seconds: float, *, refusal: str | None, late: bool) -> None:
+        """Count one answered request for the engine core's statistics and metrics (see
+        :meth:`EngineClient.record <trtserve.ipc.client.EngineClient.record>`)."""
+        ...
 
-    def set_active(self, active: int) -> None: ...
+    def set_active(self, active: int) -> None:
+        """Report the requests in flight at this front end now."""
+        ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Close the connection to the engine core."""
+        ...
 
-    async def server_ready(self) -> bool: ...
+    async def server_ready(self) -> bool:
+        """See :meth:`EngineQueries.server_ready`."""
+        ...
 
-    async def model_ready(self, name: str, version: str) -> bool: ...
+    async def model_ready(self, name: str, version: str) -> bool:
+        """See :meth:`EngineQueries.model_ready`."""
+        ...
 
-    async def statistics(self, name: str, version: str) -> bytes: ...
+    async def statistics(self, name: str, version: str) -> bytes:
+        """See :meth:`EngineQueries.statistics`."""
+        ...
 
-    async def repository_index(self, ready_only: bool) -> bytes: ...
+    async def repository_index(self, ready_only: bool) -> bytes:
+        """See :meth:`EngineQueries.repository_index`."""
+        ...
 
-    async def load(self, name: str, parameters: dict[str, Any]) -> None: ...
+    async def load(self, name: str, parameters: dict[str, Any]) -> None:
+        """See :meth:`EngineQueries.load`."""
+        ...
 
-    async def unload(self, name: str, parameters: dict[str, Any]) -> None: ...
+    async def unload(self, name: str, parameters: dict[str, Any]) -> None:
+        """See :meth:`EngineQueries.unload`."""
+        ...
 
-    async def get_policy(self, request: bytes) -> bytes: ...
+    async def get_policy(self, request: bytes) -> bytes:
+        """See :meth:`EngineQueries.get_policy`."""
+        ...
 
-    async def set_policy(self, request: bytes) -> bytes: ...
+    async def set_policy(self, request: bytes) -> bytes:
+        """See :meth:`EngineQueries.set_policy`."""
+        ...
 
-    async def inflight_bound(self) -> int | None: ...
+    async def inflight_bound(self) -> int | None:
+        """See :meth:`EngineQueries.inflight_bound`."""
+        ...
 
 
 __all__ = ["Engine", "EngineQueries", "EngineView", "ModelInfo", "ModelState"]

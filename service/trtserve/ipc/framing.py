@@ -22,11 +22,12 @@ import numpy as np
 
 from trtserve import errors
 from trtserve._proto.inference import model_config_pb2 as mc
-from trtserve.protocol.codec import decode_raw, encode_bytes
 from trtserve.datatypes import DATATYPES, Tensors
+from trtserve.protocol.codec import decode_raw, encode_bytes
 from trtserve.spec import ModelSpec
 
 Layout = tuple[tuple[tuple[str, str, tuple[int, ...]], ...], ...]
+"""Per segment, ``(name, dtype, shape)`` per tensor, in frame order (see the module docstring)."""
 
 BYTES = "BYTES"
 _DTYPES: dict[str, np.dtype] = {}
@@ -79,7 +80,7 @@ def _dtype(text: str) -> np.dtype:
 
 
 def spec_out(spec: ModelSpec) -> tuple[ModelSpec, bytes]:
-    """A model spec as it crosses in a ``table`` message: its ``config`` message serialized
+    """A model spec as it crosses in a :class:`~trtserve.ipc.messages.Table`: its ``config`` message serialized
     (protobuf classes of generated modules do not pickle by reference)."""
     return dataclasses.replace(spec, config=None), spec.config.SerializeToString() if spec.config is not None else b""
 

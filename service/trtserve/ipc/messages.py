@@ -48,7 +48,8 @@ class Kind(enum.IntEnum):
 
 class QueryKind(enum.Enum):
     """What a :class:`Query` asks; each value is the name of the method of
-    :class:`~trtserve.ipc.engine.EngineQueries` that answers it (arguments as that method's)."""
+    :class:`~trtserve.ipc.engine.EngineQueries` that asks it and of
+    :class:`~trtserve.engine.queries.CoreQueries` that answers it (arguments as those methods')."""
 
     SERVER_READY = "server_ready"
     MODEL_READY = "model_ready"
@@ -135,7 +136,8 @@ class Records(NamedTuple):
 
 
 class Query(NamedTuple):
-    """Ask the engine core ``what`` with ``args``; answered by a :class:`Reply` with the same ``rid``."""
+    """Ask the engine core ``what`` with ``args``; answered by a :class:`Reply` with the same
+    ``rid``."""
 
     rid: int
     what: QueryKind
@@ -217,6 +219,7 @@ class Reply(NamedTuple):
 
 
 Message = Hello | Infer | Cancel | Records | Query | Table | Result | Error | Reply
+"""Any message of the table in the module docstring."""
 
 KIND_OF: dict[type, Kind] = {
     Hello: Kind.HELLO, Infer: Kind.INFER, Cancel: Kind.CANCEL, Records: Kind.RECORDS, Query: Kind.QUERY,

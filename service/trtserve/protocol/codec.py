@@ -5,7 +5,7 @@ Pure functions of the message and the model spec. Every check happens here, befo
 is queued, and every failure is an :class:`~trtserve.errors.InvalidRequest` (gRPC
 INVALID_ARGUMENT) whose one sentence names the tensor, what was expected and what came.
 
-Wire rules (``../shared/notes/protocol.md`` b2, b5):
+Wire rules (the KServe v2 / Open Inference Protocol gRPC tensor forms):
 
 * Raw data: ``raw_input_contents[i]`` belongs to ``inputs[i]``; either every input is raw or
   none is. Numbers are little-endian, row-major, no padding. A BYTES element is a 4-byte
@@ -25,14 +25,11 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from trtserve.datatypes import Tensors
-
 from trtserve._proto.inference import grpc_service_pb2 as pb
-from trtserve.errors import InvalidRequest
-from trtserve.spec import ModelSpec, TensorSpec
-from trtserve.datatypes import DATATYPES, Datatype
+from trtserve.datatypes import DATATYPES, Datatype, Tensors
+from trtserve.errors import BackendError, InvalidRequest
 from trtserve.protocol.parameters import check_tensor_parameters
-
+from trtserve.spec import ModelSpec, TensorSpec
 
 _LENGTH = struct.Struct("<I")
 # Default cap on the elements one request may declare (over all its inputs), so that a forged
@@ -45,7 +42,9 @@ _RANGE = {name: (np.iinfo(DATATYPES[name].numpy).min, np.iinfo(DATATYPES[name].n
           for name in ("INT8", "INT16", "UINT8", "UINT16")}
 
 
-def decode_inputs(request: pb.ModelInferRequest, spec: ModelSpec, *, max_elements: int = MAX_ELEMENTS) -> tuple[Tensors, int]:
+def decode_inputs(
+    request: pb.ModelInferRequest, spec: ModelSpec, *, max_elements: int = MAX_ELEMENTS
+) -> tuple[Tensors, int]:
     """Decode and validate the input tensors of ``request`` for the model ``spec``.
 
     ``max_elements`` caps the elements the request declares over all its inputs; shapes are
@@ -193,7 +192,8 @@ def decode_raw(name: str, data: bytes, datatype: Datatype, shape: Sequence[int])
     expected = count * datatype.itemsize
     if len(data) != expected:
         raise InvalidRequest(
-            f"input '{name}' ({datatype.name}, shape {list(shape)}) needs {expected} bytes of raw data; got {len(data)}"
+            f"input '{name}' ({datatype.name}, shape {list(shape)}) needs {expected} bytes of raw data; "
+            f"got {len(data)}"
         )
     return np.frombuffer(data, dtype=datatype.numpy.newbyteorder("<")).reshape(shape)
 
@@ -227,17 +227,21 @@ def _decode_bytes(name: str, data: bytes, count: int) -> np.ndarray:
     return out
 
 
-def _decode_typed(name: str, contents: pb.InferTensorContents, datatype: Datatype, shape: list[int]) -> np.ndarray:
+def _decode_typed(
+    name: str, contents: pb.InferTensorContents, datatype: Datatype, shape: list[int]
+) -> np.ndarray:
     present = [field.name for field, _ in contents.ListFields()]
     count = math.prod(shape)
     if datatype.contents_field is None:
         raise InvalidRequest(
-            f"input '{name}' is {datatype.name}, which has no typed contents field; send it in raw_input_contents"
+            f"input '{name}' is {datatype.name}, which has no typed contents field; "
+            "send it in raw_input_contents"
         )
     wrong = [f for f in present if f != datatype.contents_field]
     if wrong:
         raise InvalidRequest(
-            f"input '{name}' ({datatype.name}) carries contents.{wrong[0]}; expected contents.{datatype.contents_field}"
+            f"input '{name}' ({datatype.name}) carries contents.{wrong[0]}; "
+            f"expected contents.{datatype.contents_field}"
         )
     values = getattr(contents, datatype.contents_field)
     if len(values) != count:
@@ -254,14 +258,16 @@ def _decode_typed(name: str, contents: pb.InferTensorContents, datatype: Datatyp
         wide = np.asarray(values, dtype=np.int64)
         if wide.size and (wide.min() < lo or wide.max() > hi):
             raise InvalidRequest(
-                f"input '{name}' ({datatype.name}) has a value outside [{lo}, {hi}] in contents.{datatype.contents_field}"
+                f"input '{name}' ({datatype.name}) has a value outside [{lo}, {hi}] "
+                f"in contents.{datatype.contents_field}"
             )
         return wide.astype(datatype.numpy).reshape(shape)
     return np.asarray(values, dtype=datatype.numpy).reshape(shape)
 
 
 def encode_bytes(values: Iterable[object]) -> bytes:
-    """BYTES elements (``bytes`` or ``str``) in the raw wire form: each a 4-byte LE length, then the data."""
+    """BYTES elements (``bytes`` or ``str``, UTF-8 encoded) in the raw wire form: each a 4-byte
+    little-endian length, then the data."""
     parts: list[bytes] = []
     for v in values:
         b = v.encode() if isinstance(v, str) else bytes(v)  # type: ignore[arg-type]
@@ -288,11 +294,17 @@ def encode_response(
 ) -> pb.ModelInferResponse:
     """Build the response carrying ``chosen`` outputs as ``raw_output_contents``.
 
+    Args:
+        spec: the model (its name and the version answered).
+        request_id: the request's ``id``, echoed.
+        outputs: output name → array, as the model produced them.
+        chosen: the outputs to send, in order (:func:`requested_outputs`).
+        parameters: int64 response parameters to set, if any.
+
     Raises:
         BackendError: an output is missing or its numpy dtype is not the configured datatype
             (a model bug, not the caller's).
     """
-    from trtserve.errors import BackendError
 
     response = pb.ModelInferResponse(model_name=spec.name, model_version=spec.version, id=request_id)
     for out in chosen:

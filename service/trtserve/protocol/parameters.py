@@ -1,5 +1,6 @@
-"""The request and tensor parameters trtserve reads (``../shared/notes/protocol.md`` b5), and
-the refusal of every other one: nothing a client asks for is accepted and then ignored.
+"""The request and tensor parameters trtserve reads (of the KServe v2 / Open Inference Protocol
+``parameters`` maps and Triton's extensions to them), and the refusal of every other one:
+nothing a client asks for is accepted and then ignored.
 
 Request parameters:
 
@@ -17,7 +18,7 @@ bytes, so it is honoured as it is). Triton's shared-memory parameters (``shared_
 ``shared_memory_byte_size``, ``shared_memory_offset``) on inputs or outputs are refused
 UNIMPLEMENTED: trtserve does not implement the shared-memory extension, so running on the
 inline bytes, or answering inline to a client that reads its output from a region, would
-give it wrong or stale data (C34). Any other parameter is refused INVALID_ARGUMENT.
+give it wrong or stale data. Any other parameter is refused INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -61,12 +62,18 @@ def request_parameters(request: pb.ModelInferRequest) -> tuple[int, float | None
                 timeout = param.int64_param / 1e6
         elif key == "triton_enable_empty_final_response":
             if kind != "bool_param":
-                raise InvalidRequest(f"parameter 'triton_enable_empty_final_response' must be a bool, got {kind}")
+                raise InvalidRequest(
+                    f"parameter 'triton_enable_empty_final_response' must be a bool, got {kind}"
+                )
             final = param.bool_param
         elif key in SEQUENCE_PARAMETERS:
-            raise Unsupported(f"parameter '{key}': trtserve has no sequence batcher (it serves stateless models)")
+            raise Unsupported(
+                f"parameter '{key}': trtserve has no sequence batcher (it serves stateless models)"
+            )
         else:
-            raise InvalidRequest(f"unknown request parameter '{key}'; trtserve reads {', '.join(REQUEST_PARAMETERS)}")
+            raise InvalidRequest(
+                f"unknown request parameter '{key}'; trtserve reads {', '.join(REQUEST_PARAMETERS)}"
+            )
     return priority, timeout, final
 
 
@@ -85,7 +92,8 @@ def check_tensor_parameters(kind: str, name: str, parameters: Mapping[str, Any])
             where = "read its data from" if kind == "input" else "be written to"
             raise Unsupported(
                 f"{kind} '{name}' asks to {where} a shared-memory region ({key}); trtserve does not implement "
-                "the shared-memory extension (it is not among ServerMetadata's extensions): send the tensor in the request"
+                "the shared-memory extension (it is not among ServerMetadata's extensions): "
+                "send the tensor in the request"
                 + ("" if kind == "input" else " and read it from the response")
             )
         if kind == "output" and key == "classification":

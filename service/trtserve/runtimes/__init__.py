@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtserve.errors import Unsupported
-from trtserve.spec import ModelSpec
 from trtserve.runtimes.base import Backend
+from trtserve.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backe
         # Raises GpuUnavailable (a BackendError) with one sentence where TensorRT or a CUDA
         # device is missing; repository.load_spec already picked model.onnx in that case
         # when the version directory has one.
-        from trtserve.runtimes.tensorrt import PLAN_FILE, TensorRTBackend
+        from trtserve.runtimes.tensorrt import TensorRTBackend
+        from trtserve.runtimes.tensorrt_plan import PLAN_FILE
 
         return TensorRTBackend(
             spec.version_dir / PLAN_FILE,

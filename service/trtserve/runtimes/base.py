@@ -17,9 +17,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from trtserve.datatypes import Tensors
-
 from trtserve.spec import TensorSpec
-
 
 
 @dataclass(frozen=True)
@@ -149,7 +147,7 @@ def pack(
     Raises:
         ValueError: an ``out`` buffer too small for its input, or not a 1-D uint8 buffer,
             or an object (BYTES) input with ``out``. Callers check sizes first (TensorRT:
-            :func:`~trtserve.runtimes.tensorrt.check_profile`), so this is a bug guard.
+            :func:`~trtserve.runtimes.tensorrt_plan.check_profile`), so this is a bug guard.
     """
     parts = batch.parts
     packed: Tensors = {}
@@ -184,7 +182,9 @@ def view_into(buf: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, name: st
         raise ValueError(f"input '{name}': the destination must be a contiguous 1-D uint8 buffer")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes > buf.nbytes:
-        raise ValueError(f"input '{name}': a batch of shape {list(shape)} needs {nbytes} bytes, the buffer holds {buf.nbytes}")
+        raise ValueError(
+            f"input '{name}': a batch of shape {list(shape)} needs {nbytes} bytes, the buffer holds {buf.nbytes}"
+        )
     return buf[:nbytes].view(dtype).reshape(shape)
 
 

@@ -111,7 +111,9 @@ def _version(v: int) -> str:
 
 _NO_DEVICE_CLAUSES = {
     "cudaErrorNoDevice": "no CUDA device is visible (cudaErrorNoDevice)",
-    "cudaErrorInsufficientDriver": "no usable NVIDIA driver was found (cudaErrorInsufficientDriver: none, or older than this CUDA runtime)",
+    "cudaErrorInsufficientDriver": (
+        "no usable NVIDIA driver was found (cudaErrorInsufficientDriver: none, or older than this CUDA runtime)"
+    ),
 }
 
 
@@ -344,7 +346,8 @@ def copy_dtoh_async(dst: PinnedBuffer, src: DeviceBuffer, nbytes: int, stream: S
 
 def _check_size(what: str, nbytes: int, src: int, dst: int) -> None:
     if nbytes < 0 or nbytes > min(src, dst):
-        raise CudaError("cudaMemcpyAsync", 1, "cudaErrorInvalidValue", f"{what} copy of {nbytes} bytes between buffers of {src} and {dst}")
+        raise CudaError("cudaMemcpyAsync", 1, "cudaErrorInvalidValue",
+                        f"{what} copy of {nbytes} bytes between buffers of {src} and {dst}")
 
 
 __all__ = [

@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from trtserve.datatypes import DATATYPES, Datatype, Tensors
 from trtserve.errors import BackendError, InvalidRequest
-from trtserve.datatypes import DATATYPES, Datatype
-from trtserve.spec import TensorSpec
 from trtserve.runtimes.base import Batch, StagingBuffers, pack
-from trtserve.datatypes import Tensors
+from trtserve.spec import TensorSpec
 
 if TYPE_CHECKING:
     import onnxruntime

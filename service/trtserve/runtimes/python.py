@@ -28,13 +28,13 @@ Execution, chosen by the config's ``isolation`` parameter:
 ``process`` (with ``instance_group [ { kind: KIND_CPU } ]``)
     Each slot's instance lives in its own worker process (``multiprocessing``, spawn), so
     pure-Python models do not hold the server's GIL. Numeric tensors cross in shared memory
-    both ways; BYTES tensors are pickled over the pipe. A worker that dies fails the batch it
-    was running and is started again; so does one whose batch runs past the dispatcher's hang
-    limit (it is killed: :meth:`PythonBackend.abort`). A worker exits as soon as the server
-    process is gone, even mid-batch. The shared memory has no name (a ``memfd``, its descriptor
-    passed over the pipe), so however the processes end nothing is left in ``/dev/shm``. A
-    program that embeds the server (rather than ``trtserve serve``) needs spawn's usual
-    ``if __name__ == "__main__":`` guard.
+    both ways; BYTES tensors are pickled over the pipe (:mod:`.shared_tensors`). A worker that
+    dies fails the batch it was running and is started again; so does one whose batch runs past
+    the dispatcher's hang limit (it is killed: :meth:`PythonBackend.abort`). A worker exits as
+    soon as the server process is gone, even mid-batch. The shared memory has no name (a
+    ``memfd``, its descriptor passed over the pipe), so however the processes end nothing is
+    left in ``/dev/shm``. A program that embeds the server (rather than ``trtserve serve``)
+    needs spawn's usual ``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -42,28 +42,25 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-import mmap
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
 import sys
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
 from trtserve._proto.inference import model_config_pb2 as mc
+from trtserve.datatypes import Datatype, Tensors
 from trtserve.errors import BackendError
-from trtserve.datatypes import Datatype
-from trtserve.spec import ModelSpec
 from trtserve.runtimes.base import Batch, StagingBuffers, pack
-from trtserve.datatypes import Tensors
+from trtserve.runtimes.shared_tensors import Arena, Attachment, send_with_fd
+from trtserve.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +68,6 @@ MODEL_FILE = "model.py"
 MODEL_CLASS = "Model"
 ISOLATIONS = ("thread", "process")
 STOP_TIMEOUT_S = 10.0  # how long a worker process may take to exit before it is killed
-_ALIGN = 64  # bytes; every tensor in shared memory starts on a cache line
-
-# Numeric tensors in shared memory: the byte size of a new block whose descriptor follows the
-# packet on the pipe (0: the reader's current block), and per tensor (dtype, shape, byte
-# offset); BYTES tensors travel in the packet itself (pickled).
-Packet = tuple[int, dict[str, tuple[np.dtype, tuple[int, ...], int]], Tensors]
 
 
 def isolation(spec: ModelSpec) -> str:
@@ -318,8 +309,8 @@ class _ProcessWorker:
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._inputs = _Arena()  # written here, read by the worker
-        self._outputs = _Attachment()  # written by the worker, read here
+        self._inputs = Arena()  # written here, read by the worker
+        self._outputs = Attachment()  # written by the worker, read here
         config = self.spec.config.SerializeToString() if self.spec.config is not None else None
         process = ctx.Process(
             target=_serve,
@@ -352,7 +343,7 @@ class _ProcessWorker:
             self._start()
         packet, fd = self._inputs.write(inputs)
         try:
-            _send(self._conn, (packet, rows), fd)
+            send_with_fd(self._conn, (packet, rows), fd)
             kind, detail = self._conn.recv()
             if kind == "ok":
                 return self._outputs.read(detail, self._conn)
@@ -416,7 +407,7 @@ def _serve(conn: Connection, spec: ModelSpec, config: bytes | None) -> None:
         conn.send(("error", str(exc)))
         return
     conn.send(("ready", None))
-    inputs, outputs = _Attachment(), _Arena()
+    inputs, outputs = Attachment(), Arena()
     try:
         while (message := conn.recv()) is not None:
             packet, rows = message
@@ -426,7 +417,7 @@ def _serve(conn: Connection, spec: ModelSpec, config: bytes | None) -> None:
                 reply: tuple[str, object] = ("ok", result)
             except BackendError as exc:
                 reply, fd = ("error", str(exc)), None
-            _send(conn, reply, fd)
+            send_with_fd(conn, reply, fd)
     except (EOFError, OSError):
         pass  # the server went away without a word
 
@@ -439,98 +430,3 @@ def _exit_with_server() -> None:
     if parent is not None:
         multiprocessing.connection.wait([parent.sentinel])
         os._exit(1)
-
-
-def _send(conn: Connection, message: object, fd: int | None) -> None:
-    """Send ``message``, then (for a packet that names a new block) the block's descriptor."""
-    try:
-        conn.send(message)
-        if fd is not None:
-            reduction.send_handle(conn, fd, 0)  # the pid is used on Windows only
-    finally:
-        if fd is not None:
-            os.close(fd)  # the peer has its own copy; the mapping keeps the memory
-
-
-def _anonymous_block(size: int) -> int:
-    """A descriptor of ``size`` bytes of shared memory with no name in any file system."""
-    if hasattr(os, "memfd_create"):  # Linux
-        fd = os.memfd_create("trtserve-tensors", os.MFD_CLOEXEC)
-    else:
-        with tempfile.TemporaryFile() as f:  # already unlinked
-            fd = os.dup(f.fileno())
-    os.ftruncate(fd, size)
-    return fd
-
-
-class _Arena:
-    """The writing side of one direction of a worker's shared memory: a grow-only block that
-    holds one batch's numeric tensors back to back. A block it outgrows is unmapped at once
-    (the reader's mapping stays valid until it moves on to the new block)."""
-
-    def __init__(self) -> None:
-        self._map: mmap.mmap | None = None
-
-    def write(self, tensors: Tensors) -> tuple[Packet, int | None]:
-        """Copy the numeric tensors into the block. Returns the packet that tells the reader
-        where they are, and the descriptor of a new block to send after it (else ``None``)."""
-        numeric = {name: arr for name, arr in tensors.items() if arr.dtype != np.dtype(object)}
-        objects = {name: arr for name, arr in tensors.items() if name not in numeric}
-        if not numeric:
-            return (0, {}, objects), None
-        layout: dict[str, tuple[np.dtype, tuple[int, ...], int]] = {}
-        end = 0
-        for name, arr in numeric.items():
-            offset = -(-end // _ALIGN) * _ALIGN
-            layout[name] = (arr.dtype, arr.shape, offset)
-            end = offset + arr.nbytes
-        fd = None
-        if self._map is None or len(self._map) < end:
-            size = max(end, 2 * (len(self._map) if self._map is not None else 0), 1 << 16)
-            fd = _anonymous_block(size)
-            self.close()
-            self._map = mmap.mmap(fd, size)
-        for name, (dtype, shape, offset) in layout.items():
-            np.ndarray(shape, dtype, buffer=self._map, offset=offset)[...] = numeric[name]
-        return (len(self._map) if fd is not None else 0, layout, objects), fd
-
-    def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-
-
-class _Attachment:
-    """The reading side: maps the writer's current block and copies each batch out of it."""
-
-    def __init__(self) -> None:
-        self._map: mmap.mmap | None = None
-
-    def read(self, packet: Packet, conn: Connection) -> Tensors:
-        """The packet's tensors as read-only arrays of their own (the block is reused next
-        batch); a new block's descriptor is read from ``conn`` first.
-
-        Raises:
-            EOFError, OSError: the writer went away before the descriptor came.
-        """
-        size, layout, objects = packet
-        if size:
-            fd = reduction.recv_handle(conn)
-            try:
-                self.close()
-                self._map = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
-        tensors = dict(objects)
-        for tname, (dtype, shape, offset) in layout.items():
-            assert self._map is not None
-            tensors[tname] = np.ndarray(shape, dtype, buffer=self._map, offset=offset).copy()
-        for arr in tensors.values():
-            arr.flags.writeable = False
-        return tensors
-
-    def close(self) -> None:
-        """Drop the mapping (the memory goes once the writer has dropped it too)."""
-        if self._map is not None:
-            self._map.close()
-            self._map = None

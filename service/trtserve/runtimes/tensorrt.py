@@ -1,9 +1,9 @@
 """TensorRT plans on CUDA streams: the GPU engine.
 
 Load: the plan's sidecar (``model.plan.json``, written by :mod:`~trtserve.tools.build`)
-is compared with this machine *before* deserializing, so a plan built with another TensorRT
-version or for another GPU is refused with a sentence saying which and "rebuild with make
-engine"; then ``deserialize_cuda_engine`` (``None`` is checked, TensorRT's logged errors are
+is compared with this machine *before* deserializing (:mod:`.tensorrt_plan`), so a plan built
+with another TensorRT version or for another GPU is refused with a sentence saying which and
+"rebuild with make engine"; then ``deserialize_cuda_engine`` (``None`` is checked, TensorRT's logged errors are
 attached). Per execution slot, all made once at load on the slot's own thread (which calls
 ``cudaSetDevice`` first): one execution context on its optimization profile, one non-blocking
 stream, one event, and for every I/O tensor a page-locked host buffer and a device buffer
@@ -20,8 +20,7 @@ own streams, so the copies of one batch overlap the compute of another.
 
 TensorRT and CUDA failures become :class:`~trtserve.errors.BackendError` here. ``tensorrt``
 and ``cuda-python`` are imported lazily: importing this module never fails on a CPU machine.
-Written from the TensorRT 11 Python API (``../shared/notes/tensorrt.md``); TensorRT 10.x
-exposes the same names used here.
+Written against the TensorRT 11 Python API; TensorRT 10.x exposes the same names used here.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -40,35 +38,26 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trtserve.errors import BackendError, InvalidRequest
-from trtserve.datatypes import DATATYPES, Datatype
-from trtserve.spec import TensorSpec
+from trtserve.datatypes import Datatype, Tensors
+from trtserve.errors import BackendError
 from trtserve.runtimes import cuda
 from trtserve.runtimes.base import Batch, pack, padded_shape, view_into
-from trtserve.datatypes import Tensors
 from trtserve.runtimes.cuda import INSTALL_HINT, GpuUnavailable
+from trtserve.runtimes.tensorrt_plan import (
+    REBUILD,
+    ProfileBounds,
+    check_profile,
+    check_request,
+    read_sidecar,
+    sidecar_problems,
+    trt_datatype,
+)
+from trtserve.spec import TensorSpec
 
 if TYPE_CHECKING:
     import tensorrt as trt
 
 log = logging.getLogger(__name__)
-
-PLAN_FILE = "model.plan"
-SIDECAR_SUFFIX = ".json"  # model.plan → model.plan.json
-REBUILD = "rebuild with make engine"
-
-# TensorRT DataType member name → KServe datatype. TensorRT's FP8/INT4/FP4/E8M0 have no
-# KServe or numpy equivalent: an engine with such an I/O tensor is refused at load.
-TRT_TYPES: dict[str, str] = {
-    "FLOAT": "FP32",
-    "HALF": "FP16",
-    "BF16": "BF16",
-    "INT8": "INT8",
-    "INT32": "INT32",
-    "INT64": "INT64",
-    "BOOL": "BOOL",
-    "UINT8": "UINT8",
-}
 
 
 # --------------------------------------------------------------------------- availability
@@ -101,151 +90,6 @@ def unavailable_reason(device: int = 0) -> str | None:
     except GpuUnavailable as exc:
         missing.append(str(exc))
     return " and ".join(missing) if missing else None
-
-
-# --------------------------------------------------------------------------- pure checks
-
-
-@dataclass(frozen=True)
-class ProfileBounds:
-    """The shapes one optimization profile accepts for one engine input (batch axis included
-    when the model is batched); static dims have min == max."""
-
-    name: str
-    min: tuple[int, ...]
-    max: tuple[int, ...]
-
-
-def _violation(name: str, shape: Sequence[int], bounds: ProfileBounds, first_axis: int, batched: bool) -> str | None:
-    if len(shape) != len(bounds.max):
-        return f"input '{name}' has {len(shape)} dims, the plan expects {len(bounds.max)}"
-    for axis in range(first_axis, len(shape)):
-        size, lo, hi = shape[axis], bounds.min[axis], bounds.max[axis]
-        what = "batch of" if batched and axis == 0 else f"dim {axis} of"
-        if size > hi:
-            return f"{what} input '{name}' is {size}, beyond the plan's profile maximum {hi}"
-        if size < lo:
-            return f"{what} input '{name}' is {size}, below the plan's profile minimum {lo}"
-    return None
-
-
-def check_profile(shapes: Mapping[str, Sequence[int]], bounds: Mapping[str, ProfileBounds], *, batched: bool = True) -> None:
-    """Refuse a batch whose input shapes fall outside the profile, before any device call.
-
-    Args:
-        shapes: engine-input name → the batch's shape (as passed to ``set_input_shape``).
-        bounds: the slot's profile bounds for every input.
-
-    Raises:
-        BackendError: naming the tensor, the axis and the limit.
-    """
-    for name, shape in shapes.items():
-        problem = _violation(name, shape, bounds[name], 0, batched)
-        if problem:
-            raise BackendError(f"TensorRT refused the batch: {problem}")
-
-
-def check_request(segment: Mapping[str, np.ndarray], bounds: Mapping[str, ProfileBounds], *, batched: bool = True) -> None:
-    """Refuse one request whose non-batch dims fall outside the profile (at admission, so it
-    fails alone). ``segment`` arrays carry rows on axis 0 (one row for an unbatched model).
-
-    Raises:
-        InvalidRequest: naming the tensor, the axis and the limit.
-    """
-    for name, arr in segment.items():
-        b = bounds.get(name)
-        if b is None:
-            continue
-        shape = arr.shape if batched else arr.shape[1:]
-        problem = _violation(name, shape, b, 1 if batched else 0, batched)
-        if problem:
-            raise InvalidRequest(problem)
-
-
-def sidecar_problems(plan: Path, recorded: Mapping[str, Any], live: Mapping[str, str]) -> tuple[str | None, list[str]]:
-    """Compare a plan's sidecar with this machine.
-
-    Args:
-        plan: the plan file (for the message).
-        recorded: the sidecar's JSON object (``tensorrt_version``, ``gpu.name``,
-            ``gpu.compute_capability``, ``build.version_compatible``,
-            ``build.hardware_compatibility``).
-        live: ``tensorrt_version``, ``gpu_name``, ``compute_capability`` of this machine.
-
-    Returns:
-        (error, warnings): ``error`` is one sentence saying which mismatch makes the plan
-        unusable here, ending "rebuild with make engine", or ``None``; ``warnings`` are
-        differences that do not prevent loading (another GPU model of the same compute
-        capability).
-    """
-    build = recorded.get("build", {}) or {}
-    gpu = recorded.get("gpu", {}) or {}
-    built_trt = str(recorded.get("tensorrt_version", ""))
-    built_cc = str(gpu.get("compute_capability", ""))
-    built_name = str(gpu.get("name", ""))
-    live_trt, live_cc, live_name = live["tensorrt_version"], live["compute_capability"], live["gpu_name"]
-    clauses: list[str] = []
-    if built_trt and built_trt != live_trt:
-        if not build.get("version_compatible"):
-            clauses.append(f"with TensorRT {built_trt} but this server runs TensorRT {live_trt}")
-        elif _version_tuple(live_trt)[:2] < _version_tuple(built_trt)[:2]:
-            clauses.append(f"with TensorRT {built_trt} (version-compatible plans run only on that version or newer) but this server runs TensorRT {live_trt}")
-    level = str(build.get("hardware_compatibility", "none")).lower()
-    if built_cc and built_cc != live_cc:
-        if level == "ampere_plus":
-            if _version_tuple(live_cc)[:1] < (8,):
-                clauses.append(f"for Ampere or newer GPUs but this GPU ({live_name}) has compute capability {live_cc}")
-        else:
-            clauses.append(f"for compute capability {built_cc} ({built_name or 'unknown GPU'}) but this GPU ({live_name}) has compute capability {live_cc}")
-    warnings: list[str] = []
-    if not clauses and built_name and built_name != live_name and level != "ampere_plus":
-        warnings.append(
-            f"{plan} was built on a {built_name} and runs on a {live_name} of the same compute capability; "
-            f"it should work but may be slower ({REBUILD} on this GPU for its best kernels)"
-        )
-    if clauses:
-        return f"{plan} was built " + " and ".join(clauses) + f"; {REBUILD}", warnings
-    return None, warnings
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for piece in v.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
-
-
-def read_sidecar(plan: Path) -> dict[str, Any] | None:
-    """The plan's sidecar as a dict, or ``None`` if there is none or it cannot be read
-    (a warning is logged then: the plan is still tried)."""
-    path = plan.with_name(plan.name + SIDECAR_SUFFIX)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        log.warning("%s has no sidecar %s: cannot check its TensorRT version and GPU before loading", plan, path.name)
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("cannot read %s (%s): loading %s unchecked", path, exc, plan)
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def trt_datatype(type_name: str, tensor: str, plan: Path) -> Datatype:
-    """The KServe datatype of a TensorRT ``DataType`` member name.
-
-    Raises:
-        BackendError: a type with no KServe/numpy equivalent (FP8, INT4, FP4, E8M0).
-    """
-    kserve = TRT_TYPES.get(type_name)
-    if kserve is None:
-        raise BackendError(
-            f"{plan}: tensor '{tensor}' is TensorRT {type_name}, which has no KServe datatype; "
-            "keep the engine's inputs and outputs in FP32/FP16/BF16/INT8/INT32/INT64/BOOL/UINT8"
-        )
-    return DATATYPES[kserve]
 
 
 # --------------------------------------------------------------------------- TensorRT logger
@@ -326,7 +170,9 @@ class _Slot:
         buffers: list[cuda.PinnedBuffer | cuda.DeviceBuffer] = [
             *self.host_in.values(), *self.dev_in.values(), *self.host_out.values(), *self.dev_out.values()
         ]
-        steps: list[Callable[[], None]] = [self.stream.synchronize, *(b.free for b in buffers), self.event.destroy, self.stream.destroy]
+        steps: list[Callable[[], None]] = [
+            self.stream.synchronize, *(b.free for b in buffers), self.event.destroy, self.stream.destroy
+        ]
         for step in steps:
             try:
                 step()
@@ -376,7 +222,8 @@ class TensorRTBackend:
             error, warnings = sidecar_problems(
                 self.plan,
                 sidecar,
-                {"tensorrt_version": str(trt_mod.__version__), "gpu_name": info.name, "compute_capability": info.compute_capability},
+                {"tensorrt_version": str(trt_mod.__version__), "gpu_name": info.name,
+                 "compute_capability": info.compute_capability},
             )
             if error:
                 raise BackendError(error)
@@ -418,7 +265,8 @@ class TensorRTBackend:
             if isinstance(failure, BackendError):
                 raise failure
             raise BackendError(f"TensorRT cannot set up {self.plan}: {failure}") from failure
-        log.info("%s: TensorRT %s on %s (compute %s), %d slot(s)", self.plan, trt_mod.__version__, info.name, info.compute_capability, slots)
+        log.info("%s: TensorRT %s on %s (compute %s), %d slot(s)",
+                 self.plan, trt_mod.__version__, info.name, info.compute_capability, slots)
 
     # -- Backend protocol
 
@@ -451,7 +299,9 @@ class TensorRTBackend:
         slot = _Slot(context, profile, stream, event)
         try:
             if not context.set_optimization_profile_async(profile, stream.native):
-                raise BackendError(f"TensorRT cannot select optimization profile {profile} of {self.plan}{logged_errors(mark)}")
+                raise BackendError(
+                    f"TensorRT cannot select optimization profile {profile} of {self.plan}{logged_errors(mark)}"
+                )
             stream.synchronize()
             bounds = self._bounds[profile]
             for spec in self.inputs:
@@ -459,13 +309,16 @@ class TensorRTBackend:
                 slot.host_in[spec.name] = cuda.PinnedBuffer(nbytes)
                 slot.dev_in[spec.name] = cuda.DeviceBuffer(nbytes)
                 if not context.set_input_shape(spec.name, bounds[spec.name].max):
-                    raise BackendError(f"TensorRT refused the profile maximum shape of '{spec.name}'{logged_errors(mark)}")
+                    raise BackendError(
+                        f"TensorRT refused the profile maximum shape of '{spec.name}'{logged_errors(mark)}"
+                    )
             _infer(context, self.plan, mark)
             for spec in self.outputs:
                 shape = tuple(context.get_tensor_shape(spec.name))
                 if any(d < 0 for d in shape):
                     raise BackendError(
-                        f"{self.plan}: output '{spec.name}' has a data-dependent shape {list(shape)}, which this server does not support"
+                        f"{self.plan}: output '{spec.name}' has a data-dependent shape {list(shape)}, "
+                        "which this server does not support"
                     )
                 nbytes = _nbytes(shape, spec.datatype)
                 slot.host_out[spec.name] = cuda.PinnedBuffer(nbytes)
@@ -497,21 +350,26 @@ class TensorRTBackend:
         except BackendError:
             raise
         except Exception as exc:
-            raise BackendError(f"TensorRT failed to set up a batch of {batch.rows} rows: {exc}{logged_errors(mark)}") from exc
+            raise BackendError(
+                f"TensorRT failed to set up a batch of {batch.rows} rows: {exc}{logged_errors(mark)}"
+            ) from exc
         out_bytes: dict[str, int] = {}
         for spec in self.outputs:
             shape = out_shapes[spec.name]
             nbytes = _nbytes(shape, spec.datatype) if all(d >= 0 for d in shape) else -1
             if nbytes < 0 or nbytes > slot.host_out[spec.name].nbytes:
                 raise BackendError(
-                    f"TensorRT output '{spec.name}' has shape {list(shape)}, which does not fit the buffer sized for the profile maximum"
+                    f"TensorRT output '{spec.name}' has shape {list(shape)}, which does not fit the buffer sized "
+                    "for the profile maximum"
                 )
             out_bytes[spec.name] = nbytes
         try:
             for name, arr in packed.items():
                 cuda.copy_htod_async(slot.dev_in[name], slot.host_in[name], arr.nbytes, slot.stream)
             if not context.execute_async_v3(slot.stream.native):
-                raise BackendError(f"TensorRT execute_async_v3 failed on a batch of {batch.rows} rows{logged_errors(mark)}")
+                raise BackendError(
+                    f"TensorRT execute_async_v3 failed on a batch of {batch.rows} rows{logged_errors(mark)}"
+                )
             for name, nbytes in out_bytes.items():
                 cuda.copy_dtoh_async(slot.host_out[name], slot.dev_out[name], nbytes, slot.stream)
             slot.event.record(slot.stream)
@@ -525,7 +383,9 @@ class TensorRTBackend:
             if isinstance(exc, BackendError):
                 raise
             if isinstance(exc, Exception):
-                raise BackendError(f"TensorRT failed on a batch of {batch.rows} rows: {exc}{logged_errors(mark)}") from exc
+                raise BackendError(
+                    f"TensorRT failed on a batch of {batch.rows} rows: {exc}{logged_errors(mark)}"
+                ) from exc
             raise
         outputs: Tensors = {}
         for spec in self.outputs:
@@ -617,7 +477,9 @@ def _infer(context: trt.IExecutionContext, plan: Path, mark: int) -> None:
     except RuntimeError as exc:
         raise BackendError(f"TensorRT cannot infer the shapes of {plan}: {exc}{logged_errors(mark)}") from exc
     if missing:
-        raise BackendError(f"TensorRT cannot infer the shapes of {plan}: {sorted(missing)} are not specified{logged_errors(mark)}")
+        raise BackendError(
+            f"TensorRT cannot infer the shapes of {plan}: {sorted(missing)} are not specified{logged_errors(mark)}"
+        )
 
 
 def _nbytes(shape: Sequence[int], datatype: Datatype) -> int:
@@ -625,13 +487,7 @@ def _nbytes(shape: Sequence[int], datatype: Datatype) -> int:
 
 
 __all__ = [
-    "PLAN_FILE",
-    "ProfileBounds",
     "TensorRTBackend",
-    "check_profile",
-    "check_request",
     "import_tensorrt",
-    "read_sidecar",
-    "sidecar_problems",
     "unavailable_reason",
 ]

@@ -10,8 +10,8 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trtserve.serving.settings import ServeConfig
     from trtserve.engine.core import EngineCore
+    from trtserve.serving.settings import ServeConfig
 
 log = logging.getLogger("trtserve")
 
@@ -36,15 +36,18 @@ def engine_main(config: ServeConfig, address: str, conn: Connection) -> None:
 
 
 def make_core(config: ServeConfig, address: str | None) -> EngineCore:
-    """The engine core of ``config``: its repository (not loaded yet) and metrics settings."""
+    """The engine core of ``config``: its model registry (nothing loaded yet) and metrics
+    settings."""
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
-    from trtserve.engine.registry import ModelRegistry
     from trtserve.engine.core import EngineCore
+    from trtserve.engine.registry import ModelRegistry
 
     options = runtimes.RuntimeOptions(intra_op_threads=config.intra_op_threads)
-    repository = ModelRegistry(config.repository, clock=MonotonicClock(), backend_factory=partial(runtimes.create, options=options))
-    return EngineCore(repository, address, metrics_host=config.metrics_host, metrics_port=config.metrics_port,
+    registry = ModelRegistry(
+        config.repository, clock=MonotonicClock(), backend_factory=partial(runtimes.create, options=options)
+    )
+    return EngineCore(registry, address, metrics_host=config.metrics_host, metrics_port=config.metrics_port,
                       lifecycle=config.lifecycle)
 
 

@@ -27,9 +27,9 @@ def frontend_main(config: ServeConfig, address: str, port: int, index: int, conn
 
 async def _frontend(config: ServeConfig, address: str, port: int, index: int, conn: Connection) -> None:
     from trtserve.clock import MonotonicClock
-    from trtserve.ipc.client import EngineClient
     from trtserve.frontend.drain import drain
     from trtserve.frontend.grpc.server import start_frontend
+    from trtserve.ipc.client import EngineClient
 
     engine = EngineClient(address, index)
     await engine.connect()

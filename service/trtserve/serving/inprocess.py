@@ -16,13 +16,13 @@ log = logging.getLogger("trtserve")
 async def serve_in_process(config: ServeConfig) -> int:
     """``--frontends 1``: the engine core and one front end in this process, the front end
     calling the dispatchers directly (:class:`~trtserve.engine.local.LocalEngine`: no ZeroMQ
-    hop).
-    SIGTERM/SIGINT drains as the tree does; a second signal exits at once."""
+    hop). SIGTERM/SIGINT drains as the tree does; a second signal exits at once. Returns the
+    exit status (0 after a clean drain)."""
     from trtserve.clock import MonotonicClock
     from trtserve.engine.local import LocalEngine
-    from trtserve.serving.engine_process import log_models, make_core
     from trtserve.frontend.drain import drain
     from trtserve.frontend.grpc.server import start_frontend
+    from trtserve.serving.engine_process import log_models, make_core
 
     core = make_core(config, None)
     await core.start()
@@ -30,7 +30,9 @@ async def serve_in_process(config: ServeConfig) -> int:
     pool = ThreadPoolExecutor(config.cpu_workers, thread_name_prefix="cpu")
     # Listen first, load second: while models load, health says NOT_SERVING, ServerReady
     # false and ServerLive true, instead of a refused connection.
-    server, service, port = await start_frontend(engine, MonotonicClock(), pool, host=config.host, port=config.port, **config.frontend)
+    server, service, port = await start_frontend(
+        engine, MonotonicClock(), pool, host=config.host, port=config.port, **config.frontend
+    )
     announce = announcer(config)
     announce(f"trtserve bound {config.host}:{port}, loading models")
     if core.metrics is not None:

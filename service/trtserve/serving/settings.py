@@ -1,8 +1,8 @@
 """The settings of ``trtserve serve`` and what each of its processes does first.
 
 Kept apart from :mod:`trtserve.serving.supervisor` so that the child processes' mains
-(:mod:`trtserve.serving.engine_process`, :mod:`trtserve.serving.frontend_process`) import the settings, not
-the supervisor that starts them.
+(:mod:`trtserve.serving.engine_process`, :mod:`trtserve.serving.frontend_process`) import the
+settings, not the supervisor that starts them.
 """
 
 from __future__ import annotations
@@ -56,13 +56,11 @@ class ServeConfig:
 
 def default_frontends() -> int:
     """``--frontends auto``: one front end per two cores, between 1 and 8 (so 1, one process,
-    on a 2-core machine).
+    on a 2-core machine; 8 on a 16-core GPU host).
 
-    Measured on 2 cores (README, "Process model"): a second front end adds nothing there
-    (tiny, 64 callers over 8 connections: 1 860–1 990 req/s with one or two, the bench client
-    taking the rest of the box), and the one-process server is the fastest for one caller.
-    Each front end saturates about one core of gRPC work, and the engine core needs cores of
-    its own for the runtimes' threads, hence half: on a 16-core GPU host, 8 front ends.
+    Half the cores: each front end saturates about one core of gRPC work, and the engine core
+    needs cores of its own for the runtimes' threads (on 2 cores a second front end was measured
+    to add no throughput, and the one-process server is the fastest for one caller).
     """
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 

@@ -1,5 +1,5 @@
 """``trtserve serve``: the process tree — one engine core and N front ends, supervised
-(with ``--frontends 1``, one process: :func:`serve_in_process`).
+(with ``--frontends 1``, one process: :func:`~trtserve.serving.inprocess.serve_in_process`).
 
 ::
 
@@ -44,7 +44,9 @@ from trtserve.serving.settings import ServeConfig, announcer
 log = logging.getLogger("trtserve")
 
 MAX_RESTARTS = 5
+"""Front-end restarts tolerated within :data:`RESTART_WINDOW_S`; one more stops the server."""
 RESTART_WINDOW_S = 60.0
+"""The window (seconds) over which front-end restarts are counted."""
 # Beyond the grace period, how long the supervisor waits for a front end or the engine core
 # to finish stopping before it kills it.
 STOP_SLACK_S = 10.0
@@ -81,6 +83,7 @@ class Child:
         raise RuntimeError(f"{self.name} did not start (exit code {self.process.exitcode})")
 
     def signal(self, sig: int) -> None:
+        """Send ``sig`` to the child if it is still running."""
         if self.process.pid is not None and self.process.is_alive():
             try:
                 os.kill(self.process.pid, sig)
@@ -89,7 +92,8 @@ class Child:
 
 
 class Supervisor:
-    """Starts and watches the engine core and the front ends of one server (see the module docstring)."""
+    """Starts and watches the engine core and the front ends of one server (see the module
+    docstring)."""
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
@@ -136,7 +140,9 @@ class Supervisor:
             self._step(ready_wanted=waiting)
         if not self.stopping:
             # Tests and tools read the bound port from this line.
-            self._announce(f"trtserve listening on {config.host}:{self.port} ({config.frontends} front end(s))")
+            self._announce(
+                f"trtserve listening on {config.host}:{self.port} ({config.frontends} front end(s))"
+            )
         while not self.stopping:
             self._step()
         return self._stop()
@@ -144,7 +150,9 @@ class Supervisor:
     def _start_frontend(self, index: int, port: int) -> None:
         from trtserve.serving.frontend_process import frontend_main
 
-        child = self.frontends[index] = Child(f"front end {index}", frontend_main, (self.config, self.address, port, index))
+        child = self.frontends[index] = Child(
+            f"front end {index}", frontend_main, (self.config, self.address, port, index)
+        )
         (_, self.port) = child.expect("bound")
         log.info("front end %d started on port %d (pid %d)", index, self.port, child.process.pid)
 
@@ -156,7 +164,8 @@ class Supervisor:
         ready = wait([self._wake_r, self.engine.process.sentinel, *conns, *sentinels])
         if self.engine.process.sentinel in ready:
             self.engine.process.join()
-            log.error("the engine core exited (%s): stopping the server", describe_exit(self.engine.process.exitcode))
+            log.error("the engine core exited (%s): stopping the server",
+                      describe_exit(self.engine.process.exitcode))
             self._kill_all()
             raise SystemExit(1)
         for item in ready:
@@ -199,7 +208,7 @@ class Supervisor:
         limit = self.config.grace + STOP_SLACK_S
         for child in self.frontends.values():
             status |= self._wait_exit(child, limit)
-        self.engine.conn.send(("stop",))  # it ignores SIGTERM (see engine.process)
+        self.engine.conn.send(("stop",))  # it ignores SIGTERM (see serving.engine_process.engine_main)
         status |= self._wait_exit(self.engine, limit)
         log.info("stopped")
         return 0 if status == 0 else 1
@@ -265,7 +274,8 @@ def describe_exit(code: int | None) -> str:
 
 def serve(config: ServeConfig) -> int:
     """Run the server of ``config`` until a signal; returns the exit status. One front end:
-    one process (:func:`serve_in_process`); more: the supervised tree."""
+    one process (:func:`~trtserve.serving.inprocess.serve_in_process`); more: the supervised
+    tree."""
     if config.frontends == 1:
         from trtserve.serving.inprocess import serve_in_process
 

@@ -1,4 +1,5 @@
-"""The tools around the server: one module per ``trtserve`` subcommand (demo, check, bench).
+"""The tools around the server: one module per ``trtserve`` subcommand (build, demo, check,
+profile, policy, bulk), and the parts they share.
 
 A tool that cannot do its job (no such repository or model, a model that does not load)
 raises :class:`ToolError`; its ``run`` prints the message as one line on stderr and exits 2,
@@ -31,7 +32,8 @@ def model_dir(root: Path, name: str) -> Path:
     found = sorted(p.name for p in root.iterdir() if (p / CONFIG_FILE).is_file())
     if name not in found:
         if not found:
-            raise ToolError(f"model repository '{root}' holds no model (no <model>/{CONFIG_FILE}); pass --model-repository DIR")
+            raise ToolError(f"model repository '{root}' holds no model (no <model>/{CONFIG_FILE}); "
+                            "pass --model-repository DIR")
         why = f" ('{root / name}' has no {CONFIG_FILE})" if (root / name).is_dir() else ""
         raise ToolError(f"no model '{name}' in repository '{root}'{why}; it holds: {', '.join(found)}")
     return root / name

@@ -11,11 +11,11 @@ on a machine with TensorRT and a CUDA device:
 2. network: ``create_network(1 << STRONGLY_TYPED)`` (TensorRT 11 ignores the flag, always
    strongly typed; on 10.x it keeps the converted graph's types), ``OnnxParser.parse_from_file``;
    every parser error is reported.
-3. config: one optimization profile (or one per execution slot with ``--profile-per-slot``):
-   batch axis min 1 / opt the largest preferred batch size (else ``max_batch_size``) / max
-   ``max_batch_size``; every other dynamic axis ``--dim-range`` (default 1:128:256, minilm's
-   sequence lengths); workspace limit; builder optimization level; a timing cache file reused
-   across builds; optional hardware and version compatibility.
+3. config: one optimization profile (or one per execution slot with ``--profile-per-slot``;
+   shapes from :mod:`.build_options`): batch axis min 1 / opt the largest preferred batch size
+   (else ``max_batch_size``) / max ``max_batch_size``; every other dynamic axis ``--dim-range``
+   (default 1:128:256, minilm's sequence lengths); workspace limit; builder optimization level;
+   a timing cache file reused across builds; optional hardware and version compatibility.
 4. ``build_serialized_network`` (``None`` → error with TensorRT's logged errors), then
    ``model.plan`` written atomically (temp file, fsync, rename) with its sidecar
    ``model.plan.json`` (TensorRT version, GPU name and compute capability, CUDA versions, build
@@ -37,153 +37,36 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trtserve.errors import BackendError
 from trtserve.files import write_atomic
 from trtserve.runtimes import cuda
 from trtserve.runtimes.cuda import GpuUnavailable
-from trtserve.runtimes.tensorrt import PLAN_FILE, SIDECAR_SUFFIX, TRT_TYPES, logged_errors, logger, unavailable_reason
+from trtserve.runtimes.tensorrt import logged_errors, logger, unavailable_reason
+from trtserve.runtimes.tensorrt_plan import PLAN_FILE, SIDECAR_SUFFIX, TRT_TYPES
+from trtserve.tools.build_options import (
+    DEFAULT_DIM_RANGE,
+    HARDWARE_COMPATIBILITY,
+    PRECISIONS,
+    BuildError,
+    BuildOptions,
+    Shape,
+    opt_batch_size,
+    parse_range,
+    profile_shapes,
+)
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "fp16", "bf16")
-HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
-DEFAULT_DIM_RANGE = (1, 128, 256)
 SIDECAR_FORMAT = 1
 
 # ONNX element types TensorRT can take at the engine's inputs and outputs (TRT_TYPES' names).
 ONNX_TO_TRT = {"FLOAT": "FLOAT", "FLOAT16": "HALF", "BFLOAT16": "BF16", "INT8": "INT8", "INT32": "INT32",
                "INT64": "INT64", "BOOL": "BOOL", "UINT8": "UINT8"}
 assert set(ONNX_TO_TRT.values()) <= set(TRT_TYPES)
-
-
-class BuildError(BackendError):
-    """A plan could not be built; the message says why (parser or builder errors included)."""
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """How to build plans (from ``trtserve build``'s flags).
-
-    Attributes:
-        precision: ``fp32``, ``fp16`` or ``bf16``; reduced precision is made in the ONNX graph
-            before the build, keeping FP32 inputs and outputs.
-        dim_range: (min, opt, max) for every dynamic axis other than the batch axis, e.g. the
-            sequence length.
-        opt_batch: the batch size the kernels are tuned for; 0 picks the largest preferred
-            batch size of the config, else its ``max_batch_size``.
-        workspace_mib: builder workspace limit in MiB; 0 leaves TensorRT's default (all of the
-            device's memory).
-        optimization_level: TensorRT's builder optimization level, 0..5 (default 3).
-        timing_cache: the timing cache file read before and written after each build; ``None``
-            for none.
-        hardware_compatibility: ``none`` (only this GPU's architecture), ``ampere_plus`` or
-            ``same_compute_capability`` (both slower; see the TensorRT docs).
-        version_compatible: embed a lean runtime so newer TensorRT versions can run the plan.
-        profile_per_slot: one identical profile per execution slot instead of one shared by all
-            slots (fallback if concurrent contexts on one profile misbehave).
-        device: the CUDA device to build on.
-    """
-
-    precision: str = "fp32"
-    dim_range: tuple[int, int, int] = DEFAULT_DIM_RANGE
-    opt_batch: int = 0
-    workspace_mib: int = 0
-    optimization_level: int = 3
-    timing_cache: Path | None = None
-    hardware_compatibility: str = "none"
-    version_compatible: bool = False
-    profile_per_slot: bool = False
-    device: int = 0
-
-    def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        lo, opt, hi = self.dim_range
-        if not 1 <= lo <= opt <= hi:
-            raise ValueError(f"dim range must satisfy 1 <= min <= opt <= max, got {lo}:{opt}:{hi}")
-        if self.opt_batch < 0 or self.workspace_mib < 0:
-            raise ValueError("opt batch and workspace must be >= 0")
-        if not 0 <= self.optimization_level <= 5:
-            raise ValueError(f"optimization level must be 0..5, got {self.optimization_level}")
-        if self.hardware_compatibility not in HARDWARE_COMPATIBILITY:
-            raise ValueError(f"hardware compatibility must be one of {HARDWARE_COMPATIBILITY}, got {self.hardware_compatibility!r}")
-
-    def recorded(self) -> dict[str, Any]:
-        """The options as the sidecar records them (what makes a plan differ)."""
-        d = asdict(self)
-        d.pop("timing_cache")
-        d.pop("device")
-        d["dim_range"] = list(self.dim_range)
-        return d
-
-
-def parse_range(text: str) -> tuple[int, int, int]:
-    """``"1:128:256"`` → (1, 128, 256).
-
-    Raises:
-        ValueError: not three integers separated by colons.
-    """
-    parts = text.split(":")
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-        raise ValueError(f"expected MIN:OPT:MAX, e.g. 1:128:256, got {text!r}")
-    lo, opt, hi = (int(p) for p in parts)
-    return lo, opt, hi
-
-
-def opt_batch_size(max_batch_size: int, preferred: Sequence[int], requested: int = 0) -> int:
-    """The batch size to tune for: ``requested`` if given, else the largest preferred batch size
-    not above ``max_batch_size``, else ``max_batch_size``."""
-    if requested:
-        return min(requested, max_batch_size)
-    fitting = [p for p in preferred if 0 < p <= max_batch_size]
-    return max(fitting) if fitting else max_batch_size
-
-
-Shape = tuple[int, ...]
-
-
-def profile_shapes(
-    inputs: Sequence[tuple[str, Shape]],
-    *,
-    batched: bool,
-    max_batch_size: int,
-    opt_batch: int,
-    dim_range: tuple[int, int, int],
-) -> dict[str, tuple[Shape, Shape, Shape]]:
-    """(min, opt, max) shapes of every input for one optimization profile.
-
-    Args:
-        inputs: (name, shape) with -1 for each dynamic dim (as TensorRT's network reports it).
-        batched: axis 0 is the batch (it must then be dynamic).
-
-    Raises:
-        BuildError: a batched input with a fixed axis 0.
-    """
-    shapes: dict[str, tuple[Shape, Shape, Shape]] = {}
-    for name, shape in inputs:
-        lo: list[int] = []
-        opt: list[int] = []
-        hi: list[int] = []
-        for axis, dim in enumerate(shape):
-            if batched and axis == 0:
-                if dim != -1:
-                    raise BuildError(f"input '{name}' has a fixed batch axis ({dim}) but the config batches; export it with a dynamic batch dim")
-                bounds = (1, opt_batch, max_batch_size)
-            elif dim == -1:
-                bounds = dim_range
-            else:
-                bounds = (dim, dim, dim)
-            lo.append(bounds[0])
-            opt.append(bounds[1])
-            hi.append(bounds[2])
-        shapes[name] = (tuple(lo), tuple(opt), tuple(hi))
-    return shapes
 
 
 # --------------------------------------------------------------------------- ONNX side (CPU)
@@ -288,7 +171,8 @@ def with_platform(config_text: str, platform: str = "tensorrt_plan") -> str:
         return config_text[: match.start()] + f'{match.group(1)}platform: "{platform}"' + config_text[match.end():]
     name = re.search(r'^\s*name\s*:.*$', config_text, re.MULTILINE)
     at = name.end() if name else 0
-    return config_text[:at] + ("\n" if name else "") + f'platform: "{platform}"' + ("" if name else "\n") + config_text[at:]
+    line = ("\n" if name else "") + f'platform: "{platform}"' + ("" if name else "\n")
+    return config_text[:at] + line + config_text[at:]
 
 
 # --------------------------------------------------------------------------- the build (GPU)
@@ -322,9 +206,11 @@ def build_model(model_dir: Path, options: BuildOptions, *, force: bool = False) 
     sidecar_path = plan_path.with_name(plan_path.name + SIDECAR_SUFFIX)
     max_batch = spec.policy.max_batch_size
     opt_batch = opt_batch_size(max_batch, spec.policy.preferred_batch_sizes, options.opt_batch) if spec.batched else 0
-    recorded = {**options.recorded(), "onnx_sha256": file_sha256(onnx_path), "max_batch_size": max_batch, "opt_batch": opt_batch}
+    recorded = {**options.recorded(), "onnx_sha256": file_sha256(onnx_path), "max_batch_size": max_batch,
+                "opt_batch": opt_batch}
     recorded["profiles"] = spec.instances if options.profile_per_slot else 1
-    if not force and plan_path.is_file() and _current(sidecar_path, recorded, str(trt.__version__), info.compute_capability):
+    trt_version = str(trt.__version__)
+    if not force and plan_path.is_file() and _current(sidecar_path, recorded, trt_version, info.compute_capability):
         _set_platform(model_dir / CONFIG_FILE)
         return "up to date"
 
@@ -334,11 +220,12 @@ def build_model(model_dir: Path, options: BuildOptions, *, force: bool = False) 
         if options.precision != "fp32":
             source = Path(tmp) / f"model.{options.precision}.onnx"
             converter = convert_precision(onnx_path, options.precision, source)
-        plan, network_io, profiles = _build(source, spec.batched, max_batch, opt_batch, options, recorded["profiles"], info)
+        n_profiles = recorded["profiles"]
+        plan, network_io, profiles = _build(source, spec.batched, max_batch, opt_batch, options, n_profiles, info)
     recorded["converter"] = converter
     sidecar = {
         "format": SIDECAR_FORMAT,
-        "tensorrt_version": str(trt.__version__),
+        "tensorrt_version": trt_version,
         "gpu": {"name": info.name, "compute_capability": info.compute_capability, "total_memory": info.total_memory},
         "cuda": {"runtime": info.runtime_version, "driver": info.driver_version},
         "build": recorded,
@@ -400,7 +287,8 @@ def _build(
             e = parser.get_error(i)
             if e is not None:
                 errors.append(f"{e.node_name() or 'node ' + str(e.node())} ({e.node_operator()}): {e.desc()}")
-        raise BuildError(f"TensorRT's ONNX parser rejected {onnx_path}: " + "; ".join(errors or ["no details"]) + logged_errors(mark))
+        raise BuildError(f"TensorRT's ONNX parser rejected {onnx_path}: " + "; ".join(errors or ["no details"])
+                         + logged_errors(mark))
     network_inputs = [network.get_input(i) for i in range(network.num_inputs)]
     shapes = profile_shapes(
         [(t.name, tuple(int(d) for d in t.shape)) for t in network_inputs],
@@ -430,17 +318,20 @@ def _build(
         _use_timing_cache(config, cache_path)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise BuildError(f"TensorRT could not build a plan from {onnx_path}{logged_errors(mark) or ' (no error was logged)'}")
+        why = logged_errors(mark) or " (no error was logged)"
+        raise BuildError(f"TensorRT could not build a plan from {onnx_path}{why}")
     if cache_path is not None:
         done = config.get_timing_cache()
         if done is not None:
             write_atomic(cache_path, memoryview(done.serialize()))
     io = [
         {"name": t.name, "mode": mode, "dtype": t.dtype.name, "shape": [int(d) for d in t.shape]}
-        for mode, tensors in (("input", network_inputs), ("output", [network.get_output(i) for i in range(network.num_outputs)]))
+        for mode, tensors in (("input", network_inputs),
+                              ("output", [network.get_output(i) for i in range(network.num_outputs)]))
         for t in tensors
     ]
-    profiles = [{name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in shapes.items()}] * n_profiles
+    bounds = {name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in shapes.items()}
+    profiles = [bounds] * n_profiles
     return memoryview(plan), io, profiles
 
 
@@ -469,18 +360,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--tensorrt", dest="tensorrt", action="store_const", const="require", default="auto",
                       help="require TensorRT plans: exit non-zero when TensorRT or a CUDA device is missing")
-    mode.add_argument("--no-tensorrt", dest="tensorrt", action="store_const", const="skip", help="build no TensorRT plans")
+    mode.add_argument("--no-tensorrt", dest="tensorrt", action="store_const", const="skip",
+                      help="build no TensorRT plans")
     g.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp16/bf16 convert the ONNX graph before the build, FP32 inputs/outputs kept (default: fp32)")
     g.add_argument("--dim-range", type=parse_range, default=DEFAULT_DIM_RANGE, metavar="MIN:OPT:MAX",
                    help="profile of every dynamic axis other than the batch, e.g. sequence length (default: 1:128:256)")
-    g.add_argument("--opt-batch", type=int, default=0, help="batch size to tune for (default: largest preferred batch size, else max_batch_size)")
-    g.add_argument("--workspace-mib", type=int, default=0, help="builder workspace limit in MiB (default: 0, TensorRT's default)")
+    g.add_argument("--opt-batch", type=int, default=0,
+                   help="batch size to tune for (default: largest preferred batch size, else max_batch_size)")
+    g.add_argument("--workspace-mib", type=int, default=0,
+                   help="builder workspace limit in MiB (default: 0, TensorRT's default)")
     g.add_argument("--opt-level", type=int, default=3, help="builder optimization level 0..5 (default: 3)")
     g.add_argument("--timing-cache", type=Path, default=Path("build/tensorrt-timing.cache"),
                    help="timing cache file reused across builds (default: build/tensorrt-timing.cache; '' for none)")
-    g.add_argument("--hardware-compat", choices=HARDWARE_COMPATIBILITY, default="none", help="hardware compatibility level (default: none)")
-    g.add_argument("--version-compatible", action="store_true", help="plans that newer TensorRT versions can run (slower to load)")
+    g.add_argument("--hardware-compat", choices=HARDWARE_COMPATIBILITY, default="none",
+                   help="hardware compatibility level (default: none)")
+    g.add_argument("--version-compatible", action="store_true",
+                   help="plans that newer TensorRT versions can run (slower to load)")
     g.add_argument("--profile-per-slot", action="store_true", help="one optimization profile per execution slot")
     g.add_argument("--device", type=int, default=0, help="CUDA device to build on (default: 0)")
 
@@ -560,15 +456,12 @@ def build_all(root: Path, args: argparse.Namespace) -> int:
 
 
 __all__ = [
-    "BuildError",
-    "BuildOptions",
     "add_arguments",
     "build_all",
     "build_model",
     "convert_precision",
-    "opt_batch_size",
-    "parse_range",
-    "profile_shapes",
+    "onnx_io",
     "run",
+    "unsupported_io",
     "with_platform",
 ]

@@ -39,9 +39,11 @@ log = logging.getLogger("trtserve.bulk")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True,
                         help="JSONL (.jsonl, .jsonl.gz), CSV or Parquet file (with --ray also a URI such as s3://...)")
-    parser.add_argument("--input-format", choices=("jsonl", "csv", "parquet"), help="override the format from the file name")
+    parser.add_argument("--input-format", choices=("jsonl", "csv", "parquet"),
+                        help="override the format from the file name")
     parser.add_argument("--model", default="minilm", help="model name (default: minilm)")
-    parser.add_argument("--output", type=Path, required=True, help="Parquet file to write (resumed if it or its parts exist)")
+    parser.add_argument("--output", type=Path, required=True,
+                        help="Parquet file to write (resumed if it or its parts exist)")
     parser.add_argument("--id-column", default="id", help="column with each row's unique id (default: id)")
     parser.add_argument("--input-column", action="append", default=None, metavar="[INPUT=]COLUMN",
                         help="column feeding a model input; COLUMN alone for a one-input model, INPUT=COLUMN "
@@ -53,34 +55,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-on-error", action="store_true", help="exit 1 if any row is in the errors file")
     parser.add_argument("--max-inflight", type=int, default=8, help="unanswered messages per stream (default: 8)")
     parser.add_argument("--rows-per-message", type=int, help="rows per request (default: the model's max_batch_size)")
-    parser.add_argument("--flush-rows", type=int, default=2048, help="rows per committed part / row group (default: 2048)")
-    parser.add_argument("--flush-seconds", type=float, default=30.0, help="commit buffered rows at least this often (default: 30)")
+    parser.add_argument("--flush-rows", type=int, default=2048,
+                        help="rows per committed part / row group (default: 2048)")
+    parser.add_argument("--flush-seconds", type=float, default=30.0,
+                        help="commit buffered rows at least this often (default: 30)")
     parser.add_argument("--max-retries", type=int, default=8,
                         help="retries of a message answered UNAVAILABLE/RESOURCE_EXHAUSTED/DEADLINE_EXCEEDED; "
                              "a row still refused after them is left for a re-run (exit 1) (default: 8)")
     parser.add_argument("--stall-timeout", type=float, default=300.0,
                         help="stop if no row is answered for this many seconds (default: 300)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr is not a TTY)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (it is off anyway when stderr is not a TTY)")
     parser.add_argument("--summary-json", type=Path, help="also write the final summary as JSON here")
     secure = parser.add_argument_group("TLS and auth (a server started with --tls-cert / --auth-token-file)")
-    secure.add_argument("--tls-ca", type=Path, help="PEM of the CA that signed the servers' certificates: connect with TLS")
+    secure.add_argument("--tls-ca", type=Path,
+                        help="PEM of the CA that signed the servers' certificates: connect with TLS")
     secure.add_argument("--tls-cert", type=Path, help="PEM certificate of this client (mutual TLS; with --tls-key)")
     secure.add_argument("--tls-key", type=Path, help="PEM key of this client (mutual TLS; with --tls-cert)")
-    secure.add_argument("--auth-token-file", type=Path, help="file whose first line is the bearer token (default: $TRTSERVE_AUTH_TOKEN)")
+    secure.add_argument("--auth-token-file", type=Path,
+                        help="file whose first line is the bearer token (default: $TRTSERVE_AUTH_TOKEN)")
     ray = parser.add_argument_group("Ray Data (pip install 'trtserve[ray]')")
-    ray.add_argument("--ray", action="store_true", help="run on Ray: actors host the model in-process (from --model-repository)")
-    ray.add_argument("--ray-address", help="an existing cluster (e.g. ray://head:10001 or auto); default: start a local Ray")
+    ray.add_argument("--ray", action="store_true",
+                     help="run on Ray: actors host the model in-process (from --model-repository)")
+    ray.add_argument("--ray-address",
+                     help="an existing cluster (e.g. ray://head:10001 or auto); default: start a local Ray")
     ray.add_argument("--ray-actors", type=int, default=1, help="model actors (default: 1)")
     ray.add_argument("--ray-cpus-per-actor", type=float, default=1.0, help="CPUs reserved per actor (default: 1)")
     ray.add_argument("--ray-gpus-per-actor", type=float, default=0.0, help="GPUs per actor (default: 0)")
-    ray.add_argument("--ray-num-cpus", type=int, default=2, help="CPUs of the local Ray started without --ray-address (default: 2)")
+    ray.add_argument("--ray-num-cpus", type=int, default=2,
+                     help="CPUs of the local Ray started without --ray-address (default: 2)")
     ray.add_argument("--ray-batch-rows", type=int, default=256, help="rows per map_batches call (default: 256)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtserve.tools.bulklib.job import BulkError, JobConfig, Summary
+    from trtserve.tools.bulklib.endpoints import BulkError
+    from trtserve.tools.bulklib.job import JobConfig
     from trtserve.tools.bulklib.sink import ResumeError
     from trtserve.tools.bulklib.source import InputError
+    from trtserve.tools.bulklib.summary import Summary
 
     if (args.tls_cert is None) != (args.tls_key is None):
         print("trtserve bulk: --tls-cert and --tls-key go together", file=sys.stderr)

@@ -3,7 +3,7 @@
 Runs sample requests through the model in-process, first one at a time (each a batch of its
 own), then all at once so the dispatcher batches them together, padding rows of different
 lengths to the longest. Reports the largest absolute difference per output and exits 1 when
-any exceeds ``--atol``, naming those outputs. Principle 4 of the design: batching never changes
+any exceeds ``--atol``, naming those outputs. A principle of the design: batching never changes
 an answer, so an output that reports the batch (its size, a row count) fails by design; every
 shipped example passes.
 
@@ -140,10 +140,12 @@ async def check_model(root: Path, name: str, *, samples: int = 32, atol: float =
 def run(args: argparse.Namespace) -> int:
     """Exit status: 0 batch-safe, 1 not, 2 the check could not run (one line on stderr)."""
     try:
-        report = asyncio.run(check_model(args.model_repository, args.model, samples=args.samples, atol=args.atol, seed=args.seed))
+        report = asyncio.run(check_model(args.model_repository, args.model, samples=args.samples, atol=args.atol,
+                                         seed=args.seed))
     except ToolError as exc:
         return fail("check", exc)
-    print(f"{args.model}: {args.samples} samples alone vs batched together (mean batch size {report.mean_batch_size:.1f})")
+    print(f"{args.model}: {args.samples} samples alone vs batched together "
+          f"(mean batch size {report.mean_batch_size:.1f})")
     for out, diff in report.max_diff.items():
         verdict = "ok" if diff <= report.atol else "DIFFERS"
         print(f"  {out:20s} max |alone - batched| = {diff:.3g}  (atol {report.atol:g})  {verdict}")

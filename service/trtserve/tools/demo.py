@@ -3,8 +3,8 @@
 1. Starts ``trtserve serve`` on 127.0.0.1 (a child process).
 2. Streams every sentence of STS-B dev (``<data>/stsb/dev.tsv``) through ModelStreamInfer, one
    sentence per message, and prints the Spearman correlation of the pairs' cosine
-   similarities with the gold scores next to the reference 0.8672 (the model's PyTorch
-   implementation; ``../shared/data/README.md``).
+   similarities with the gold scores next to the reference (:data:`REFERENCE_SPEARMAN`, the
+   model's PyTorch implementation).
 3. Embeds the first ``--count`` texts of a JSONL corpus (``{"id": ..., "text": ...}`` per line,
    gzip allowed) through the same kind of stream with a progress bar, and prints sentences/s,
    p50/p99 latency per message and the server's batch-size histogram; then the same texts
@@ -26,13 +26,16 @@ from pathlib import Path
 import numpy as np
 
 REFERENCE_SPEARMAN = 0.8672
+"""STS-B dev Spearman correlation of the model's PyTorch implementation's cosine similarities."""
 MODEL = "minilm"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="data directory (default: ../shared/data)")
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"),
+                        help="data directory (default: ../shared/data)")
     parser.add_argument("--corpus", type=Path, default=None,
-                        help="JSONL(.gz) corpus with id and text (default: <data>/corpus/multi30k_en_captions.jsonl.gz)")
+                        help="JSONL(.gz) corpus with id and text "
+                             "(default: <data>/corpus/multi30k_en_captions.jsonl.gz)")
     parser.add_argument("--count", type=int, default=20000, help="corpus texts to embed (default: 20000)")
     parser.add_argument("--inflight", type=int, default=64, help="unanswered messages per stream (default: 64)")
 
@@ -66,7 +69,9 @@ def spearman_of_cosines(a: np.ndarray, b: np.ndarray, gold: np.ndarray) -> float
     return float(spearmanr(cos, gold).statistic)
 
 
-def embed_stream(client, texts: Iterable[tuple[str, str]], inflight: int, latencies: list[float] | None = None) -> Iterator[tuple[str, np.ndarray]]:
+def embed_stream(
+    client, texts: Iterable[tuple[str, str]], inflight: int, latencies: list[float] | None = None
+) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (id, embedding [384]) for each (id, text), one text per stream message.
 
     Raises:
@@ -135,15 +140,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"starting trtserve on the CPU default ({args.model_repository})")
     with ServerProcess(args.model_repository) as server, Client(server.url) as client:
         sentences = [(str(i), s) for i, s in enumerate(first + second)]
-        emb = dict(tqdm(embed_stream(client, sentences, args.inflight), total=len(sentences), desc="STS-B dev", unit="sent", disable=quiet))
+        emb = dict(tqdm(embed_stream(client, sentences, args.inflight), total=len(sentences), desc="STS-B dev",
+                        unit="sent", disable=quiet))
         vectors = np.stack([emb[str(i)] for i in range(len(sentences))])
         rho = spearman_of_cosines(vectors[: len(first)], vectors[len(first) :], gold)
-        print(f"\nSTS-B dev Spearman (cosine): {rho:.4f}   reference {REFERENCE_SPEARMAN:.4f}   difference {rho - REFERENCE_SPEARMAN:+.4f}")
+        print(f"\nSTS-B dev Spearman (cosine): {rho:.4f}   reference {REFERENCE_SPEARMAN:.4f}   "
+              f"difference {rho - REFERENCE_SPEARMAN:+.4f}")
 
         before = batch_histogram(client)
         latencies: list[float] = []
         start = time.perf_counter()
-        done = sum(1 for _ in tqdm(embed_stream(client, corpus, args.inflight, latencies), total=len(corpus), desc="corpus", unit="sent", disable=quiet))
+        done = sum(1 for _ in tqdm(embed_stream(client, corpus, args.inflight, latencies), total=len(corpus),
+                                   desc="corpus", unit="sent", disable=quiet))
         elapsed = time.perf_counter() - start
         after = batch_histogram(client)
         server_code = server.stop()

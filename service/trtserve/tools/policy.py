@@ -66,5 +66,6 @@ def run(args: argparse.Namespace) -> int:
     except grpc.RpcError as exc:
         print(f"{exc.code().name}: {exc.details()}")
         return 1
-    print(json_format.MessageToJson(policy, always_print_fields_with_no_presence=True, preserving_proto_field_name=True))
+    print(json_format.MessageToJson(policy, always_print_fields_with_no_presence=True,
+                                    preserving_proto_field_name=True))
     return 0

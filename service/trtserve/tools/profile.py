@@ -24,10 +24,13 @@ from trtserve.tools import ToolError, fail, model_dir, model_failure
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model name in the repository")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 128], help="padded lengths for variable dims (default: 16 64 128)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 128],
+                        help="padded lengths for variable dims (default: 16 64 128)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per point (median; default: 5)")
-    parser.add_argument("--latency-budget-ms", type=float, default=float("inf"), help="largest acceptable batch latency, ms")
-    parser.add_argument("--tolerance", type=float, default=0.05, help="knee: within this fraction of peak rows/s (default: 0.05)")
+    parser.add_argument("--latency-budget-ms", type=float, default=float("inf"),
+                        help="largest acceptable batch latency, ms")
+    parser.add_argument("--tolerance", type=float, default=0.05,
+                        help="knee: within this fraction of peak rows/s (default: 0.05)")
     parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: <model>-profile.png)")
 
 
@@ -102,9 +105,11 @@ def run(args: argparse.Namespace) -> int:
     limit = max(max(c) for c in table.values())
     knees = {length: recommend(curve, budget, args.tolerance, limit) for length, curve in table.items()}
     for length, knee in knees.items():
-        print(f"knee at length {length}: batch {knee} ({knee / table[length][knee]:.0f} rows/s, {table[length][knee] * 1e3:.1f} ms)")
+        seconds = table[length][knee]
+        print(f"knee at length {length}: batch {knee} ({knee / seconds:.0f} rows/s, {seconds * 1e3:.1f} ms)")
     choice = max(knees.values())
-    print(f"recommended: max_batch_size: {choice}   (config.pbtxt; or parameters adaptive_batch_size \"true\" to follow drift)")
+    print(f"recommended: max_batch_size: {choice}   "
+          "(config.pbtxt; or parameters adaptive_batch_size \"true\" to follow drift)")
 
     try:
         import matplotlib

@@ -24,9 +24,12 @@ class ModelControlService(pb_grpc.ModelControlServicer):
         self._call = call
 
     async def GetPolicy(self, request: pb.GetPolicyRequest, context: Any) -> pb.BatchingPolicy:
+        """The batching policy in force (:func:`~trtserve.engine.policy_update.get_policy`)."""
         data = await self._call(context, self.engine.get_policy, request.SerializeToString())
         return pb.BatchingPolicy.FromString(data)
 
     async def SetPolicy(self, request: pb.SetPolicyRequest, context: Any) -> pb.BatchingPolicy:
+        """Change the fields in ``update_mask`` from the next batch on; answers the policy now in
+        force (:func:`~trtserve.engine.policy_update.set_policy`)."""
         data = await self._call(context, self.engine.set_policy, request.SerializeToString())
         return pb.BatchingPolicy.FromString(data)

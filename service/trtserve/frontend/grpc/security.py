@@ -60,6 +60,8 @@ class TlsConfig:
         return cls(read(cert), read(key), read(client_ca) if client_ca else None)
 
     def credentials(self) -> grpc.ServerCredentials:
+        """The ``grpc.ServerCredentials`` of this listener (requiring a client certificate
+        when ``client_ca`` is set)."""
         return grpc.ssl_server_credentials(
             [(self.key, self.cert)], root_certificates=self.client_ca, require_client_auth=self.client_ca is not None
         )
@@ -100,6 +102,8 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        """The call's handler, or one answering UNAUTHENTICATED when the token is missing or
+        wrong (open methods pass unless ``protect_health``)."""
         method = details.method or ""
         if not self.protect_health and method.startswith(OPEN_PREFIXES):
             return await continuation(details)

@@ -14,9 +14,15 @@ from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve._proto.trtserve.v1 import control_pb2, control_pb2_grpc
 from trtserve.clock import Clock
 from trtserve.frontend.grpc.model_control import ModelControlService
-from trtserve.ipc.engine import Engine
 from trtserve.frontend.grpc.security import BearerTokenInterceptor, TlsConfig
-from trtserve.frontend.grpc.service import AUTO, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT, SERVICE_NAME, InferenceService
+from trtserve.frontend.grpc.service import (
+    AUTO,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_STREAM_INFLIGHT,
+    SERVICE_NAME,
+    InferenceService,
+)
+from trtserve.ipc.engine import Engine
 
 CONTROL_SERVICE_NAME = control_pb2.DESCRIPTOR.services_by_name["ModelControl"].full_name
 

@@ -35,17 +35,17 @@ from trtserve import __version__
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.clock import Clock
-from trtserve.ipc.admission import deadline_of
 from trtserve.errors import ResponseTooLarge, TrtServeError
-from trtserve.logs import REQUEST_LOGGER
-from trtserve.ipc.messages import UNKNOWN_MODEL
-from trtserve.protocol import codec
-from trtserve.protocol.parameters import request_parameters
-from trtserve.ipc.engine import Engine
-from trtserve.frontend.inflight import GRACE_EXPIRED, InflightGate
-from trtserve.frontend.models import ModelTable
 from trtserve.frontend.grpc.status import status_for
 from trtserve.frontend.grpc.stream import serve_stream
+from trtserve.frontend.inflight import GRACE_EXPIRED, InflightGate
+from trtserve.frontend.models import ModelTable
+from trtserve.ipc.admission import deadline_of
+from trtserve.ipc.engine import Engine
+from trtserve.ipc.messages import UNKNOWN_MODEL
+from trtserve.logs import REQUEST_LOGGER
+from trtserve.protocol import codec
+from trtserve.protocol.parameters import request_parameters
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,11 @@ AUTO = "auto"
 _requests_log = logging.getLogger(REQUEST_LOGGER)
 
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+"""Largest request or response message, in bytes (``--max-message-bytes``)."""
 DEFAULT_STREAM_INFLIGHT = 256
+"""Requests of one stream processed at once before reading pauses (``--stream-inflight``)."""
 EXTENSIONS = ["model_configuration", "parameters", "schedule_policy", "statistics"]
+"""The protocol extensions ServerMetadata lists."""
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
 
@@ -173,7 +176,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                          "default timeout, or their queue sizes, plus a batch per slot)", limit)
             self._bound_logged = True
         self.inflight.limit = limit
-        self.inflight.limit_source = f"--max-inflight-rpcs auto: {limit}, from the models' capacity and deadlines or queue sizes"
+        self.inflight.limit_source = (
+            f"--max-inflight-rpcs auto: {limit}, from the models' capacity and deadlines or queue sizes"
+        )
 
     async def loaded(self) -> None:
         """Wait for the engine core's model table, load each served version's handler (off
@@ -194,9 +199,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     # -- health and metadata --------------------------------------------------------------
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        """Live whenever the process answers, draining included."""
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        """Ready when :attr:`serving` here and the engine core counts the server ready."""
         if not self.serving:
             return pb.ServerReadyResponse(ready=False)
         return pb.ServerReadyResponse(ready=await self.engine.server_ready())
@@ -209,9 +216,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=await self.engine.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        """The server's name, version and :data:`EXTENSIONS`."""
         return pb.ServerMetadataResponse(name="trtserve", version=__version__, extensions=EXTENSIONS)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        """A served version's client-facing tensors (batch axis as -1), platform and the
+        versions served; NOT_FOUND or UNAVAILABLE as
+        :meth:`~trtserve.frontend.models.ModelTable.get` raises."""
         spec = (await self._call(context, self.table.get, request.name, request.version)).spec
         versions = [s.version for s in self.table.info(spec.name).specs]
         response = pb.ModelMetadataResponse(name=spec.name, versions=versions, platform=spec.platform)
@@ -221,25 +232,33 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        """A served version's parsed ``config.pbtxt`` (as the engine core loaded it)."""
         spec = (await self._call(context, self.table.get, request.name, request.version)).spec
         return pb.ModelConfigResponse(config=spec.config)
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
+        """Triton's statistics, from the engine core
+        (:func:`~trtserve.engine.statistics.model_statistics`)."""
         data = await self._call(context, self.engine.statistics, request.name, request.version)
         return pb.ModelStatisticsResponse.FromString(data)
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
+        """Every model of the repository or the table with its state, from the engine core."""
         data = await self._call(context, self.engine.repository_index, request.ready)
         return pb.RepositoryIndexResponse.FromString(data)
 
-    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: Any) -> pb.RepositoryModelLoadResponse:
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
         """Load (or reload) a model: answered once it serves, and this front end serves it
-        (see :meth:`ModelLifecycle.load <trtserve.engine.lifecycle.ModelLifecycle.load>`)."""
+        (see :meth:`~trtserve.engine.lifecycle.ModelLifecycle.load`)."""
         await self._call(context, self.engine.load, request.model_name, repository_parameters(request.parameters))
         await self.table.refresh()
         return pb.RepositoryModelLoadResponse()
 
-    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: Any) -> pb.RepositoryModelUnloadResponse:
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
         """Unload a model: answered once what was queued on it is answered and it is closed."""
         await self._call(context, self.engine.unload, request.model_name, repository_parameters(request.parameters))
         await self.table.refresh()
@@ -248,6 +267,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     # -- inference --------------------------------------------------------------------------
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        """One request (:meth:`answer`), counted by the in-flight gate; a call still running
+        when the drain's grace runs out is answered UNAVAILABLE."""
         task = asyncio.current_task()
         refusal = self.inflight.admit()
         admitted = refusal is None
@@ -267,6 +288,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Many requests over one call, answered in completion order
+        (:func:`~trtserve.frontend.grpc.stream.serve_stream`)."""
         # grpc.aio wants an async generator function here; the pump is its own module.
         async with aclosing(serve_stream(self, request_iterator, context)) as stream:
             async for message in stream:
@@ -284,7 +307,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
         Raises:
             TrtServeError: its status is the answer (``refusal``, when admission refused it:
-                ShuttingDown or InflightFull, :meth:`InflightGate.admit <trtserve.frontend.inflight.InflightGate.admit>`).
+                ShuttingDown or InflightFull,
+                :meth:`InflightGate.admit <trtserve.frontend.inflight.InflightGate.admit>`).
         """
         start = self.clock.now()
         code, error, late = "OK", None, False
@@ -313,7 +337,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 _requests_log.debug(
                     "%s %s id=%s %.3f ms",
                     code, name, request.id, seconds * 1e3,
-                    extra={"request_id": request.id, "model": name, "status": code, "duration_ms": round(seconds * 1e3, 3)},
+                    extra={"request_id": request.id, "model": name, "status": code,
+                           "duration_ms": round(seconds * 1e3, 3)},
                 )
 
     async def _infer(self, request: pb.ModelInferRequest, deadline: float) -> tuple[pb.ModelInferResponse, bool]:

@@ -1,4 +1,8 @@
-"""trtserve errors → gRPC status codes: the one table (style note 8), and the stream form of an error."""
+"""trtserve errors → gRPC status codes: the one table (:data:`STATUS_FOR`), and the stream form of
+an error.
+
+The hierarchy itself, and why each class gets its code, is drawn in :mod:`trtserve.errors`.
+"""
 
 from __future__ import annotations
 

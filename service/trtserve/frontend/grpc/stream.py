@@ -3,14 +3,15 @@
 A reader task takes messages off the stream; each becomes a task answering it (so messages
 run concurrently and are answered in completion order, each with its ``id``). At most
 ``stream_inflight`` messages are unanswered-or-unwritten at once: past that the reader stops
-reading and HTTP/2 flow control pushes back on the client (C08b), instead of answers piling up.
+reading and HTTP/2 flow control pushes back on the client, instead of answers piling up.
 
 A message is admitted when it is read (so one read before a drain began is answered even if
 its work starts later), and released exactly once when its task ends, however it ends
 (answered, failed, or cancelled before it even started: the release is the task's done
-callback, not code inside it, C30). While draining, new messages are answered UNAVAILABLE and
-the stream ends OK as soon as none it admitted is unanswered. When the client goes away, every
-task of the stream is cancelled, and their rows leave the engine core's queue (C29).
+callback, not code inside it, which a task cancelled before its first step never runs). While
+draining, new messages are answered UNAVAILABLE and the stream ends OK as soon as none it
+admitted is unanswered. When the client goes away, every task of the stream is cancelled, and
+their rows leave the engine core's queue.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from typing import Any, Protocol
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.errors import ShuttingDown, TrtServeError
-from trtserve.frontend.inflight import GRACE_EXPIRED, InflightGate
 from trtserve.frontend.grpc.status import stream_error
+from trtserve.frontend.inflight import GRACE_EXPIRED, InflightGate
 
 
 class StreamOwner(Protocol):
@@ -34,10 +35,14 @@ class StreamOwner(Protocol):
     stream_inflight: int
     wake_streams: set[asyncio.Queue[Any]]
 
-    def deadline_of(self, context: Any) -> float: ...
+    def deadline_of(self, context: Any) -> float:
+        """The call's gRPC deadline, monotonic seconds (shared by every message of the stream)."""
+        ...
 
     async def answer(self, request: pb.ModelInferRequest, deadline: float,
-                     refusal: TrtServeError | None) -> pb.ModelInferResponse: ...
+                     refusal: TrtServeError | None) -> pb.ModelInferResponse:
+        """Answer one message, or raise the error its stream message carries."""
+        ...
 
 
 async def serve_stream(
@@ -57,7 +62,8 @@ async def serve_stream(
     async def answer(request: pb.ModelInferRequest, refusal: TrtServeError | None) -> None:
         nonlocal unanswered
         try:
-            message = pb.ModelStreamInferResponse(infer_response=await service.answer(request, deadline, refusal))
+            response = await service.answer(request, deadline, refusal)
+            message = pb.ModelStreamInferResponse(infer_response=response)
         except TrtServeError as exc:
             message = stream_error(request, exc)
         except asyncio.CancelledError:

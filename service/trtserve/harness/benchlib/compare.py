@@ -1,6 +1,6 @@
 """Pure comparison of trtserve with its peer (Triton through PyTriton) and with itself over
 one client connection: the closed-loop unary sweep side by side, the ratios per row and the
-targets of issue 15. No clock, no I/O.
+comparison targets. No clock, no I/O.
 
 Units as in :mod:`.report`: requests per second, latency in milliseconds, server CPU per
 request in microseconds (the server's whole process tree).
@@ -105,7 +105,8 @@ def format_comparison(points: Sequence[Point]) -> str:
                    f" {'batch':>11} {'srv us/req':>13}")
         for r in rows:
             batch = f"{fmt(_of(r.own, 'mean_batch'), '.1f')}/{fmt(_of(r.peer, 'mean_batch'), '.1f')}"
-            cpu = f"{fmt(_of(r.own, 'server_cpu_us_per_request'), '.0f')}/{fmt(_of(r.peer, 'server_cpu_us_per_request'), '.0f')}"
+            cpu = (f"{fmt(_of(r.own, 'server_cpu_us_per_request'), '.0f')}/"
+                   f"{fmt(_of(r.peer, 'server_cpu_us_per_request'), '.0f')}")
             out.append(f"c={r.callers:<6g} {_cell(r.own)} {_cell(r.one_connection)} {_cell(r.peer)}"
                        f" {fmt(r.throughput_ratio, '.2f'):>8} {fmt(r.p50_ratio, '.2f'):>6} {batch:>11} {cpu:>13}")
     return "\n".join(out)
@@ -116,7 +117,7 @@ def _peak(sweep: Mapping[float, Point]) -> Point | None:
 
 
 def anchor_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) -> list[Target]:
-    """Issue 15's targets (closed-loop unary over the run's connections), with the peer's
+    """The comparison targets (closed-loop unary over the run's connections), with the peer's
     figure beside trtserve's where a peer ran."""
     peer = next(iter(peer_names(points)), None)
     targets: list[Target] = []
@@ -128,14 +129,16 @@ def anchor_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) ->
     else:
         r = quotient(own.requests_per_s, other.requests_per_s)
         targets.append(Target(name, "PASS" if r is not None and r >= PEAK_RATIO else "MISS", (
-            f"{own.requests_per_s:.0f} (c={own.load:g}) / {other.requests_per_s:.0f} (c={other.load:g}) = {fmt(r, '.2f')}"
+            f"{own.requests_per_s:.0f} (c={own.load:g}) / {other.requests_per_s:.0f} (c={other.load:g}) "
+            f"= {fmt(r, '.2f')}"
         )))
 
     raw = raws.get(SATURATION_MODEL)
     name = f"{SATURATION_MODEL} at {SATURATION_CALLERS} callers: rows/s >= {SATURATION_RATIO:.2f} x raw best batch"
     p = _sweep(points, SATURATION_MODEL, SERVER).get(SATURATION_CALLERS)
     if p is None or raw is None:
-        targets.append(Target(name, "SKIP", f"needs closed-unary at {SATURATION_CALLERS} callers and the raw reference"))
+        why = f"needs closed-unary at {SATURATION_CALLERS} callers and the raw reference"
+        targets.append(Target(name, "SKIP", why))
     else:
         r = quotient(p.rows_per_s, raw.best.rows_per_s)
         q = _sweep(points, SATURATION_MODEL, peer).get(SATURATION_CALLERS) if peer else None

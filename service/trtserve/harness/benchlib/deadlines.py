@@ -15,9 +15,9 @@ import numpy as np
 
 MIN_DEADLINE_MS = 5.0
 """The floor of every deadline the bench derives from a measured run time: below a few ms a
-Python gRPC round trip alone (about 1 ms on the 2-core box) would miss it."""
+Python gRPC round trip alone (about 1 ms) would miss it."""
 REFUSALS = ("RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED")
-"""The refusals the issue names: overloaded (retry elsewhere) and deadline cannot be met.
+"""The refusals counted by name: overloaded (retry elsewhere) and deadline cannot be met.
 Every other non-OK status is counted as ``other``."""
 OTHER = "other"
 

@@ -1,11 +1,11 @@
 """The Go open-loop load generator (``clients/go/loadgen``, built by ``make loadgen``) as the
 bench's unary open loop: the same schedule, the same records, a fraction of the client CPU.
 
-A Python ``grpc.aio`` call costs the bench about 200 µs of CPU on the cores the server runs
-on; grpc-go about 20-40 µs, so at 2-3× a fast model's capacity the Go client still sends on
+A grpc-go call costs the client a fraction of the CPU a Python ``grpc.aio`` call does, on the
+cores the server runs on, so well beyond a fast model's capacity the Go client still sends on
 time and the figures measure the server. The binary sends the pre-serialized request bytes
 unchanged; this module writes its input files, reads its records back into a
-:class:`~.load.Recorder` and reports its CPU time. File formats (little-endian) are the
+:class:`~.records.Recorder` and reports its CPU time. File formats (little-endian) are the
 binary's, documented in its ``main.go``: messages length-prefixed (uint64), the schedule as
 :data:`SCHEDULE` rows, the records as :data:`RECORD` rows.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from trtserve.harness.benchlib.load import Recorder
 from trtserve.harness.benchlib.proctree import tree_cpu_seconds
+from trtserve.harness.benchlib.records import Recorder
 
 LOADGEN = Path(__file__).resolve().parents[4] / "clients" / "go" / "build" / "loadgen"
 """Where ``make loadgen`` (``clients/go/build.sh loadgen``) puts the binary."""
@@ -46,7 +46,8 @@ SAME_CLOCK = "CLOCK_MONOTONIC" in time.get_clock_info("perf_counter").implementa
 def unavailable_reason(binary: Path = LOADGEN) -> str | None:
     """Why the Go client cannot drive this bench (a sentence), or None when it can."""
     if not SAME_CLOCK:
-        return f"time.perf_counter() is {time.get_clock_info('perf_counter').implementation}, not the binary's CLOCK_MONOTONIC"
+        clock = time.get_clock_info("perf_counter").implementation
+        return f"time.perf_counter() is {clock}, not the binary's CLOCK_MONOTONIC"
     if not os.access(binary, os.X_OK):
         return f"{binary} is not built (`make loadgen` builds it; Go from clients/install_deps.sh go)"
     return None
@@ -94,7 +95,8 @@ class GoRun:
         start_s: the binary's start on the ``perf_counter`` clock (s); its schedule counts from it.
     """
 
-    def __init__(self, proc: asyncio.subprocess.Process, start_s: float, out: Path, stderr: Path, children_cpu_s: float) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, start_s: float, out: Path, stderr: Path,
+                 children_cpu_s: float) -> None:
         self._proc = proc
         self.start_s = start_s
         self._out = out
@@ -161,8 +163,9 @@ class GoLoadgen:
             own = os.times()
             with (files / "stderr.txt").open("wb") as stderr:
                 proc = await asyncio.create_subprocess_exec(
-                    str(self.binary), "-addr", self.url, "-connections", str(connections), "-messages", str(files / "messages.bin"),
-                    "-schedule", str(files / "schedule.bin"), "-out", str(files / "records.bin"),
+                    str(self.binary), "-addr", self.url, "-connections", str(connections),
+                    "-messages", str(files / "messages.bin"), "-schedule", str(files / "schedule.bin"),
+                    "-out", str(files / "records.bin"),
                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
                 )
             try:
@@ -172,7 +175,8 @@ class GoLoadgen:
                     await proc.wait()
                     raise RuntimeError(f"the Go load generator did not start (status {proc.returncode}): "
                                        f"{(files / 'stderr.txt').read_text().strip()}")
-                yield GoRun(proc, float(line[1]), files / "records.bin", files / "stderr.txt", own.children_user + own.children_system)
+                yield GoRun(proc, float(line[1]), files / "records.bin", files / "stderr.txt",
+                            own.children_user + own.children_system)
             finally:
                 if proc.returncode is None:
                     proc.kill()

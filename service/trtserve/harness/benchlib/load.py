@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import math
 import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve.harness.benchlib.records import Recorder
 from trtserve.harness.benchlib.report import Snapshot
 
 if TYPE_CHECKING:
@@ -41,31 +41,7 @@ CALL_TIMEOUT_S = 300.0
 """gRPC deadline of each unary call: a safety net against a hung server, never reached in a
 healthy run (a request's own deadline, where it has one, is its ``timeout`` parameter)."""
 
-Drive = Callable[["Recorder", asyncio.Event], Awaitable[None]]
-
-
-@dataclass
-class Recorder:
-    """Per-request records of one point (appended on the event loop only; times in seconds)."""
-
-    keys: list[int] = field(default_factory=list)
-    scheduled: list[float] = field(default_factory=list)
-    sent: list[float] = field(default_factory=list)
-    done: list[float] = field(default_factory=list)
-    codes: list[str] = field(default_factory=list)
-    late: list[bool] = field(default_factory=list)
-    window_end: float = math.inf
-    """The measuring window's end (set when it closes): the open loop sends every arrival
-    scheduled before it."""
-
-    def add(self, key: int, scheduled: float, sent: float, done: float, code: str, deadline_s: float | None) -> None:
-        """One answer to message ``key``; it is late if OK but more than ``deadline_s`` after it was sent."""
-        self.keys.append(key)
-        self.scheduled.append(scheduled)
-        self.sent.append(sent)
-        self.done.append(done)
-        self.codes.append(code)
-        self.late.append(code == "OK" and deadline_s is not None and done - sent > deadline_s)
+Drive = Callable[[Recorder, asyncio.Event], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -118,7 +94,9 @@ def _stream_code(response: pb.ModelStreamInferResponse) -> str:
     return params["error_code"].string_param if "error_code" in params else "UNKNOWN"
 
 
-async def _on_schedule(arrivals: np.ndarray, stop: asyncio.Event, recorder: Recorder) -> AsyncIterator[tuple[int, float]]:
+async def _on_schedule(
+    arrivals: np.ndarray, stop: asyncio.Event, recorder: Recorder
+) -> AsyncIterator[tuple[int, float]]:
     """Yield ``(k, scheduled time)`` at each of ``arrivals`` (seconds from now), until ``stop``
     is set; then still every arrival scheduled before ``recorder.window_end``. A generator that
     has fallen behind its schedule (the client's CPU is the limit) so still sends the whole
@@ -154,13 +132,16 @@ class LoadGenerator:
             the client CPU of its points is then the bench process's plus the binary's.
     """
 
-    def __init__(self, channels: Sequence[grpc.aio.Channel], server_cpu_s: Callable[[], float], warmup_s: float, duration_s: float,
-                 server_rss_mib: Callable[[], float] | None = None, go: GoLoadgen | None = None) -> None:
+    def __init__(self, channels: Sequence[grpc.aio.Channel], server_cpu_s: Callable[[], float], warmup_s: float,
+                 duration_s: float, server_rss_mib: Callable[[], float] | None = None,
+                 go: GoLoadgen | None = None) -> None:
         if not channels:
             raise ValueError("a load generator needs at least one channel")
         channel = channels[0]
         self._infers = [c.unary_unary(METHOD + "ModelInfer") for c in channels]
-        self._stream = channel.stream_stream(METHOD + "ModelStreamInfer", response_deserializer=pb.ModelStreamInferResponse.FromString)
+        self._stream = channel.stream_stream(
+            METHOD + "ModelStreamInfer", response_deserializer=pb.ModelStreamInferResponse.FromString
+        )
         self._statistics = channel.unary_unary(
             METHOD + "ModelStatistics",
             request_serializer=pb.ModelStatisticsRequest.SerializeToString,
@@ -313,22 +294,30 @@ class LoadGenerator:
 
         return await self._measure(model, drive)
 
-    async def open_unary(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray, deadline_s: float | Sequence[float],
-                         *, grpc_deadline: bool = False) -> Window:
+    async def open_unary(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray,
+                         deadline_s: float | Sequence[float], *, grpc_deadline: bool = False) -> Window:
         """A ModelInfer at each of ``arrivals`` (seconds from the start, Poisson), each its
         own call, whether or not earlier ones were answered. Arrival k sends message
         ``k mod len(messages)``, whose deadline is ``deadline_s`` (seconds; one for all, or one
         per message, in the order of ``messages``); with ``grpc_deadline`` the call's gRPC
         deadline is that deadline too. With the Go client (``go``) the same schedule, window and
         records, sent by the binary. Raises RuntimeError when the binary fails."""
-        deadlines = [float(deadline_s)] * len(messages) if isinstance(deadline_s, (int, float)) else [float(d) for d in deadline_s]
+        if isinstance(deadline_s, (int, float)):
+            deadlines = [float(deadline_s)] * len(messages)
+        else:
+            deadlines = [float(d) for d in deadline_s]
         if len(deadlines) != len(messages):
             raise ValueError(f"{len(messages)} messages need as many deadlines, got {len(deadlines)}")
         if self._go is not None:
             keys = np.arange(len(arrivals)) % len(messages)
-            call_us = np.round(np.asarray(deadlines) * 1e6).astype(np.int64)[keys] if grpc_deadline else round(CALL_TIMEOUT_S * 1e6)
-            async with self._go.started(messages, schedule=(arrivals, keys, call_us), connections=len(self._infers)) as run:
-                return await self._measure(model, lambda recorder, stop: run.drive(recorder, stop, deadlines), run.cpu_s)
+            if grpc_deadline:
+                call_us: np.ndarray | int = np.round(np.asarray(deadlines) * 1e6).astype(np.int64)[keys]
+            else:
+                call_us = round(CALL_TIMEOUT_S * 1e6)
+            schedule = (arrivals, keys, call_us)
+            async with self._go.started(messages, schedule=schedule, connections=len(self._infers)) as run:
+                return await self._measure(model, lambda recorder, stop: run.drive(recorder, stop, deadlines),
+                                           run.cpu_s)
 
         async def one(k: int, scheduled: float, recorder: Recorder) -> None:
             key = k % len(messages)
@@ -345,7 +334,8 @@ class LoadGenerator:
 
         return await self._measure(model, drive)
 
-    async def open_stream(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray, deadline_s: float) -> Window:
+    async def open_stream(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray,
+                          deadline_s: float) -> Window:
         """One ModelStreamInfer stream, message k written at ``arrivals[k]`` (seconds from
         the start, Poisson). ``messages[k]`` must carry id ``str(k)``, one per arrival."""
         if len(messages) < len(arrivals):

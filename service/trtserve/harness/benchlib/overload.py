@@ -1,5 +1,5 @@
-"""The overload and mixed-deadline modes of ``trtserve bench``: their tables and targets
-(issue 16). Pure: computed from the points' :class:`~.deadlines.DeadlineClass` summaries.
+"""The overload and mixed-deadline modes of ``trtserve bench``: their tables and targets.
+Pure: computed from the points' :class:`~.deadlines.DeadlineClass` summaries.
 
 * ``overload``: per model and policy, Poisson arrivals (open loop, unary, every request with
   its gRPC deadline and ``timeout`` parameter) at multiples of the closed-loop capacity. A
@@ -24,7 +24,7 @@ from trtserve.harness.benchlib.report import Point, Target, fmt
 OVERLOAD_MODE = "overload"
 MIXED_MODE = "mixed"
 OVERLOAD_MULTIPLES = (0.5, 1.0, 2.0, 3.0)
-"""Offered rates as multiples of the measured closed-loop capacity (the issue's)."""
+"""Offered rates as multiples of the measured closed-loop capacity."""
 OVERLOAD_TARGET_MULTIPLES = (2.0, 3.0)
 GOODPUT_RATIO = 0.8
 RSS_GROWTH = 1.25
@@ -73,7 +73,8 @@ def overload_targets(points: Sequence[Point]) -> list[Target]:
             c = p.classes[0]
             share = c.goodput / top if top > 0 else 0.0
             targets.append(Target(name, "PASS" if top > 0 and share >= GOODPUT_RATIO else "MISS", (
-                f"{c.goodput:.0f}/s of {p.load:.0f}/s offered vs peak {top:.0f}/s at {fmt(peak.fraction, 'g')}x = {share:.2f}; "
+                f"{c.goodput:.0f}/s of {p.load:.0f}/s offered vs peak {top:.0f}/s at {fmt(peak.fraction, 'g')}x "
+                f"= {share:.2f}; "
                 f"deadline {c.deadline_ms:.1f} ms; refused {_refusals(c)}; late {c.late}"
             )))
         name = f"{model} overload {policy}: server RSS after each point above 1x <= {RSS_GROWTH:g} x RSS after 1x"
@@ -85,7 +86,8 @@ def overload_targets(points: Sequence[Point]) -> list[Target]:
         worst = max(above, key=lambda q: q.rss_end_mib or 0.0)
         growth = (worst.rss_end_mib or 0.0) / base.rss_end_mib
         targets.append(Target(name, "PASS" if growth <= RSS_GROWTH else "MISS", (
-            f"{worst.rss_end_mib:.0f} MiB after {fmt(worst.fraction, 'g')}x vs {base.rss_end_mib:.0f} MiB after 1x = {growth:.2f}"
+            f"{worst.rss_end_mib:.0f} MiB after {fmt(worst.fraction, 'g')}x vs {base.rss_end_mib:.0f} MiB after 1x "
+            f"= {growth:.2f}"
         )))
     return targets
 
@@ -100,7 +102,8 @@ def mixed_targets(points: Sequence[Point]) -> list[Target]:
                 limit = MISS_LIMITS.get(c.name)
                 if limit is None:
                     continue
-                name = f"{model} mixed {policy} at {fmt(p.fraction, '.0%')} capacity, {c.name} ({c.deadline_ms:.1f} ms): misses <= {limit:.0%}"
+                name = (f"{model} mixed {policy} at {fmt(p.fraction, '.0%')} capacity, {c.name} "
+                        f"({c.deadline_ms:.1f} ms): misses <= {limit:.0%}")
                 targets.append(Target(name, "PASS" if c.miss_share <= limit else "MISS", (
                     f"{c.misses} of {c.requests} ({c.miss_share:.1%}): late {c.late}, refused {_refusals(c)}; "
                     f"goodput {c.goodput:.0f}/s, p50 {fmt(c.p50_ms, '.1f')} ms, p99 {fmt(c.p99_ms, '.1f')} ms"
@@ -136,8 +139,9 @@ def format_overload_table(points: Sequence[Point]) -> str:
         for p in group:
             c = p.classes[0]
             out.append(_row((
-                model, policy, f"{p.load:.0f} ({fmt(p.fraction, 'g')}x)", f"{c.deadline_ms:.1f}", f"{c.goodput:.0f}", str(c.late),
-                str(c.refused["RESOURCE_EXHAUSTED"]), f"{c.refused['DEADLINE_EXCEEDED']} ({c.refused_early})", str(c.refused[OTHER]),
+                model, policy, f"{p.load:.0f} ({fmt(p.fraction, 'g')}x)", f"{c.deadline_ms:.1f}", f"{c.goodput:.0f}",
+                str(c.late), str(c.refused["RESOURCE_EXHAUSTED"]),
+                f"{c.refused['DEADLINE_EXCEEDED']} ({c.refused_early})", str(c.refused[OTHER]),
                 fmt(c.p50_ms, ".2f"), fmt(c.p99_ms, ".2f"), fmt(p.send_lag_p99_ms, ".1f"), _mib(p),
             )))
     return "\n".join(out) + "\n"
@@ -149,17 +153,19 @@ def format_mixed_table(points: Sequence[Point]) -> str:
     if not groups:
         return ""
     out = [
-        "mixed: Poisson, unary, half tight and half loose deadlines at random; miss = not answered OK within the deadline",
-        _row(("model", "policy", "offered/s", "class", "deadline ms", "goodput/s", "miss %", "late", "RESOURCE_EXHAUSTED",
-              "DEADLINE_EXCEEDED (early)", OTHER, "p50 ms", "p99 ms", "RSS MiB")),
-        _row(("---", "---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:")),
+        "mixed: Poisson, unary, half tight and half loose deadlines at random; "
+        "miss = not answered OK within the deadline",
+        _row(("model", "policy", "offered/s", "class", "deadline ms", "goodput/s", "miss %", "late",
+              "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED (early)", OTHER, "p50 ms", "p99 ms", "RSS MiB")),
+        _row(("---", "---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:",
+              "---:")),
     ]
     for (model, policy), group in groups.items():
         for p in group:
             for c in p.classes:
                 out.append(_row((
-                    model, policy, f"{p.load:.0f} ({fmt(p.fraction, '.0%')})", c.name, f"{c.deadline_ms:.1f}", f"{c.goodput:.0f}",
-                    f"{c.miss_share:.1%}", str(c.late), str(c.refused["RESOURCE_EXHAUSTED"]),
+                    model, policy, f"{p.load:.0f} ({fmt(p.fraction, '.0%')})", c.name, f"{c.deadline_ms:.1f}",
+                    f"{c.goodput:.0f}", f"{c.miss_share:.1%}", str(c.late), str(c.refused["RESOURCE_EXHAUSTED"]),
                     f"{c.refused['DEADLINE_EXCEEDED']} ({c.refused_early})", str(c.refused[OTHER]),
                     fmt(c.p50_ms, ".2f"), fmt(c.p99_ms, ".2f"), _mib(p),
                 )))

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import trtserve
-
 from trtserve.spec import ModelSpec
 from trtserve.tools.child_server import ChildServer
 
@@ -95,5 +94,6 @@ def triton_peer(work: Path, specs: Sequence[ModelSpec]) -> ChildServer:
     specs_file = work / "models.pickle"
     # The raw parsed config (a protobuf message) stays behind: the peer cannot import it.
     specs_file.write_bytes(pickle.dumps([dataclasses.replace(s, config=None) for s in specs]))
-    cmd = [str(python), "-m", f"{__package__}.pytriton_server", str(work / "workspace"), str(MAX_QUEUE_DELAY_US), str(specs_file)]
+    cmd = [str(python), "-m", f"{__package__}.pytriton_server", str(work / "workspace"), str(MAX_QUEUE_DELAY_US),
+           str(specs_file)]
     return ChildServer(cmd, env=env, start_timeout=START_TIMEOUT_S, name="the Triton peer (PyTriton)")

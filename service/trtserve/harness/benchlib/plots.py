@@ -36,9 +36,11 @@ def plot_latency(model: str, points: Sequence[Point], raw: RawReference | None, 
         for q, style in zip(PERCENTILES, ("o-", "s--", "^:")):
             ax.plot(x, [getattr(p, f"p{q}_ms") for p in rows], style, label=f"p{q}")
         for p in rows:
-            ax.annotate(load_label(p), (p.rows_per_s, p.p50_ms), textcoords="offset points", xytext=(4, -10), fontsize=7)
+            ax.annotate(load_label(p), (p.rows_per_s, p.p50_ms), textcoords="offset points", xytext=(4, -10),
+                        fontsize=7)
         if raw is not None:
-            ax.axvline(raw.best.rows_per_s, color="grey", linestyle="-.", label=f"raw best ({raw.best.rows_per_s:.0f}/s)")
+            ax.axvline(raw.best.rows_per_s, color="grey", linestyle="-.",
+                       label=f"raw best ({raw.best.rows_per_s:.0f}/s)")
             ax.axhline(raw.batch1_ms, color="grey", linestyle=":", label=f"raw batch-of-one ({raw.batch1_ms:.2f} ms)")
         ax.set_yscale("log")
         ax.set_title(f"{model} · {mode}")

@@ -14,9 +14,9 @@ policy), the whole sweep runs ``rounds`` times, alternating the order of the pol
 first in one round is last in the next), and each policy is summarized over its rounds: goodput
 (answers OK within their deadline, per second), deadline misses (DEADLINE_EXCEEDED answers plus
 OK answers after the deadline) as a share of requests, mean batch size, p50/p99 latency. On a
-2-core machine shared by server and load generator, two runs of one policy on one trace can
-differ by 10-20 % near saturation; the rounds and the per-round column show that spread. Pure
-except :func:`set_policy`/:func:`get_policy` (one RPC each).
+machine whose cores the server and the load generator share, two runs of one policy on one
+trace can differ noticeably near saturation; the rounds and the per-round column show that
+spread. Pure except :func:`set_policy`/:func:`get_policy` (one RPC each).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from trtserve.harness.benchlib.report import Point, Target, fmt, load_label
 
 ADAPTIVE = "adaptive"
 DEFAULT_POLICIES = "adaptive,fixed:0.5,fixed:2,fixed:10"
-"""The issue's comparison: adaptive against fixed timers of 0.5, 2 and 10 ms."""
+"""The default comparison: adaptive against fixed timers of 0.5, 2 and 10 ms."""
 CONTROL = "/trtserve.v1.ModelControl/"
 OPEN_MODE = "policy"
 """``Point.mode`` of an open-loop comparison point (open-stream, Poisson)."""
@@ -90,7 +90,8 @@ async def set_policy(channel: grpc.aio.Channel, model: str, adaptive: bool, max_
     """Switch the model to ``adaptive`` / ``max_queue_delay_us`` (ModelControl/SetPolicy)."""
     call = channel.unary_unary(CONTROL + "SetPolicy", request_serializer=pb.SetPolicyRequest.SerializeToString,
                                response_deserializer=pb.BatchingPolicy.FromString)
-    request = pb.SetPolicyRequest(model_name=model, policy=pb.BatchingPolicy(adaptive=adaptive, max_queue_delay_us=max_queue_delay_us))
+    policy = pb.BatchingPolicy(adaptive=adaptive, max_queue_delay_us=max_queue_delay_us)
+    request = pb.SetPolicyRequest(model_name=model, policy=policy)
     request.update_mask.paths.extend(["adaptive", "max_queue_delay_us"])
     await call(request)
 
@@ -177,7 +178,8 @@ def results(points: Sequence[Point]) -> list[PolicyResult]:
             for (_, policy), g in groups.items()]
 
 
-COLUMNS = (("load", 22), ("policy", 13), ("goodput/s", 10), ("per round", 16), ("miss %", 7), ("batch", 6), ("p50 ms", 8), ("p99 ms", 8))
+COLUMNS = (("load", 22), ("policy", 13), ("goodput/s", 10), ("per round", 16), ("miss %", 7), ("batch", 6),
+           ("p50 ms", 8), ("p99 ms", 8))
 
 
 def format_policy_table(points: Sequence[Point]) -> str:
@@ -188,9 +190,11 @@ def format_policy_table(points: Sequence[Point]) -> str:
     summary = results(points)
     for model in dict.fromkeys(r.model for r in summary):
         # Stable sorts: the policy order within a row is kept.
-        rows = sorted((r for r in summary if r.model == model), key=lambda r: (r.mode != CLOSED_MODE, r.fraction or 0.0, r.load))
+        rows = sorted((r for r in summary if r.model == model),
+                      key=lambda r: (r.mode != CLOSED_MODE, r.fraction or 0.0, r.load))
         deadline = next((r.deadline_ms for r in rows if r.deadline_ms is not None), None)
-        out.append(f"{model} · adaptive vs fixed queue delay (same load per row); open-stream deadline {fmt(deadline, '.1f')} ms, closed loop none")
+        out.append(f"{model} · adaptive vs fixed queue delay (same load per row); open-stream deadline "
+                   f"{fmt(deadline, '.1f')} ms, closed loop none")
         out.append("  ".join(name.rjust(w) if i else name.ljust(w) for i, (name, w) in enumerate(COLUMNS)))
         for r in rows:
             cells = (r.row, r.policy, f"{r.goodput:.1f}",
@@ -206,10 +210,10 @@ def policy_targets(points: Sequence[Point]) -> list[Target]:
     against the best fixed timer (most goodput over the rounds; fewer misses breaking ties).
     The verdict is ``PASS`` when adaptive's goodput is not below the best fixed timer's by more
     than two standard errors of the difference (:attr:`PolicyResult.standard_error` of each,
-    combined: the rounds' spread, or the counting error where that is larger): on this 2-core
-    machine two runs of the *same* policy on one trace differed by up to 10 % near saturation
-    (an A/A run), and the best of several noisy timers is biased upward, so a strict ``>=``
-    would be a coin flip. The issue asks it of every row, tiny included."""
+    combined: the rounds' spread, or the counting error where that is larger): two runs of the
+    *same* policy on one trace can differ noticeably near saturation (an A/A run), and the best
+    of several noisy timers is biased upward, so a strict ``>=`` would be a coin flip. Every
+    row is checked, tiny included."""
     targets: list[Target] = []
     summary = results(points)
     for key in dict.fromkeys((r.model, r.mode, r.fraction, r.load) for r in summary):
@@ -231,7 +235,8 @@ def policy_targets(points: Sequence[Point]) -> list[Target]:
 
         targets.append(Target(name, verdict, (
             f"goodput {adaptive.goodput:.1f}/s vs {best.goodput:.1f}/s ({best.policy}) = {fmt(ratio, '.3f')}, "
-            f"difference {adaptive.goodput - best.goodput:+.1f} ± {noise:.1f}/s (1 s.e.) over {rounds} round{'s' if rounds != 1 else ''} "
+            f"difference {adaptive.goodput - best.goodput:+.1f} ± {noise:.1f}/s (1 s.e.) "
+            f"over {rounds} round{'s' if rounds != 1 else ''} "
             f"(rounds {per_round(adaptive)} vs {per_round(best)}); "
             f"misses {adaptive.miss_share:.1%} vs {best.miss_share:.1%}; "
             f"p50 {fmt(adaptive.mean('p50_ms'), '.1f')} vs {fmt(best.mean('p50_ms'), '.1f')} ms; "

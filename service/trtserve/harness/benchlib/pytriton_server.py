@@ -98,7 +98,8 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     # No restricted endpoints: the bench reads ModelStatistics (127.0.0.1 only).
-    with Triton(config=config, workspace=workspace, security_config=TritonSecurityConfig(restricted_endpoints=[])) as triton:
+    security = TritonSecurityConfig(restricted_endpoints=[])
+    with Triton(config=config, workspace=workspace, security_config=security) as triton:
         for spec in specs:
             triton.bind(
                 model_name=spec.name, infer_func=_infer_func(spec),

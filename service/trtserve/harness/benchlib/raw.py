@@ -13,9 +13,9 @@ import time
 import onnxruntime as ort
 
 from trtserve.datatypes import Tensors
-from trtserve.runtimes.onnxruntime import engine_tensors, session_options
 from trtserve.harness.benchlib.report import RawReference, RawSize
 from trtserve.harness.benchlib.workload import Workload
+from trtserve.runtimes.onnxruntime import engine_tensors, session_options
 
 WARMUP_RUNS = 2
 MIN_RUNS = 6

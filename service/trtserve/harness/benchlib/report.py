@@ -1,5 +1,5 @@
-"""Pure statistics of a benchmark run: per-point summaries, the raw reference, the issue's
-targets and the terminal tables. No clock, no I/O: everything here is computed from numbers
+"""Pure statistics of a benchmark run: per-point summaries, the raw reference, the targets
+and the terminal tables. No clock, no I/O: everything here is computed from numbers
 the load generators and the raw reference measured.
 
 Units: latencies are measured in microseconds and reported in milliseconds (``*_ms``);
@@ -287,7 +287,7 @@ def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
 
 @dataclass(frozen=True)
 class Target:
-    """One of the issue's targets, checked on a run.
+    """One target, checked on a run.
 
     Attributes:
         name: what is checked.
@@ -304,7 +304,8 @@ class Target:
         return f"{self.verdict:<4}  {self.name}: {self.detail}"
 
 
-def _pick(points: Sequence[Point], model: str, mode: str, load: float | None = None, fraction: float | None = None) -> Point | None:
+def _pick(points: Sequence[Point], model: str, mode: str, load: float | None = None,
+          fraction: float | None = None) -> Point | None:
     for p in points:
         if p.model != model or p.mode != mode:
             continue
@@ -322,7 +323,7 @@ def fmt(v: float | None, spec: str = ".1f") -> str:
 
 
 def check_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) -> list[Target]:
-    """The issue's targets, from the point summaries (of trtserve; a peer's are left out)
+    """The serving targets, from the point summaries (of trtserve; a peer's are left out)
     and the raw references."""
     points = [p for p in points if p.server == SERVER]
     targets: list[Target] = []
@@ -333,7 +334,8 @@ def check_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) -> 
         top = max(closed, key=lambda p: p.rows_per_s)
         r = ratio(top.rows_per_s, raw.best.rows_per_s)
         verdict = "PASS" if r is not None and r >= SATURATION_RATIO else "MISS"
-        stretch = "stretch met" if r is not None and r >= SATURATION_STRETCH else f"stretch {SATURATION_STRETCH:.2f} not met"
+        met = r is not None and r >= SATURATION_STRETCH
+        stretch = "stretch met" if met else f"stretch {SATURATION_STRETCH:.2f} not met"
         targets.append(Target(name, verdict, (
             f"{top.rows_per_s:.1f} rows/s ({top.mode} c={top.load:g}) / "
             f"{raw.best.rows_per_s:.1f} rows/s (raw batch {raw.best.batch}) = {fmt(r, '.3f')}; {stretch}"
@@ -346,7 +348,8 @@ def check_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) -> 
     if p is not None and raw is not None and p.p50_ms is not None:
         limit = raw.batch1_ms + SEQUENTIAL_SLACK_MS
         verdict = "PASS" if p.p50_ms <= limit else "MISS"
-        targets.append(Target(name, verdict, f"p50 {p.p50_ms:.2f} ms vs raw {raw.batch1_ms:.2f} ms + {SEQUENTIAL_SLACK_MS:g} = {limit:.2f} ms"))
+        targets.append(Target(name, verdict, f"p50 {p.p50_ms:.2f} ms vs raw {raw.batch1_ms:.2f} ms "
+                                             f"+ {SEQUENTIAL_SLACK_MS:g} = {limit:.2f} ms"))
     else:
         targets.append(Target(name, "SKIP", "needs closed-unary at concurrency 1"))
 
@@ -363,7 +366,8 @@ def check_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) -> 
 
     opened = sorted({(p.model, p.mode) for p in points if p.mode.startswith("open")})
     for model, mode in opened:
-        name = f"{model} {mode} at {OPEN_FRACTION:.0%} capacity, 4x batch-of-one deadline: misses <= {MAX_MISS_FRACTION:.0%}"
+        name = (f"{model} {mode} at {OPEN_FRACTION:.0%} capacity, 4x batch-of-one deadline: "
+                f"misses <= {MAX_MISS_FRACTION:.0%}")
         p = _pick(points, model, mode, fraction=OPEN_FRACTION)
         if p is None or not p.requests:
             targets.append(Target(name, "SKIP", f"needs the {OPEN_FRACTION:g} rate point"))

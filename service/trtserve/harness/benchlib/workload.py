@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from trtserve.client import build_request
+from trtserve.datatypes import Tensors
 from trtserve.handlers import load_handler
 from trtserve.repository import load_spec
 from trtserve.runtimes.base import Batch, StagingBuffers, pack
-from trtserve.datatypes import Tensors
 from trtserve.spec import ModelSpec, TensorSpec
 
 CORPUS = Path("corpus/multi30k_en_captions.jsonl.gz")
@@ -79,7 +79,8 @@ class Workload:
     def onnx_path(self) -> Path:
         return self.spec.version_dir / "model.onnx"
 
-    def messages(self, count: int | None = None, *, with_ids: bool = False, timeout_us: int | None = None) -> list[bytes]:
+    def messages(self, count: int | None = None, *, with_ids: bool = False,
+                 timeout_us: int | None = None) -> list[bytes]:
         """Serialized ``ModelInferRequest`` messages over the requests, cycled to ``count``
         (default: one per request); with ``with_ids`` message i has id ``str(i)``; with
         ``timeout_us`` each carries that ``timeout`` parameter (microseconds)."""
@@ -116,9 +117,11 @@ def build_workload(model_dir: Path, count: int, texts: Sequence[str], rng: np.ra
     """
     spec = load_spec(model_dir)
     if not spec.batched:
-        raise ValueError(f"model '{spec.name}' has no batch dimension (max_batch_size 0); the benchmark drives batched models")
+        raise ValueError(f"model '{spec.name}' has no batch dimension (max_batch_size 0); "
+                         "the benchmark drives batched models")
     handler: Any = load_handler(spec)
-    requests = tuple({t.name: _request_input(t, i, texts, rng) for t in spec.inputs if not t.optional} for i in range(count))
+    requests = tuple({t.name: _request_input(t, i, texts, rng) for t in spec.inputs if not t.optional}
+                     for i in range(count))
     segments: list[Tensors] = []
     for inputs in requests:
         # Without a handler the ONNX runtime's prepare() hands text to the engine as str.

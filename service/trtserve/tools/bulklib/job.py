@@ -1,9 +1,9 @@
 """The bulk job: input rows → ModelStreamInfer streams on one or many servers → Parquet.
 
-One ``grpc.aio`` channel and one ModelStreamInfer stream per endpoint. Rows are packed into
-messages of up to ``rows_per_message`` rows (default: the model's ``max_batch_size``), each
-message a request with its own id; the server answers in completion order and the answer is
-matched back to its rows by that id.
+One ``grpc.aio`` channel and one ModelStreamInfer stream per endpoint (:mod:`.endpoints`).
+Rows are packed into messages of up to ``rows_per_message`` rows (default: the model's
+``max_batch_size``), each message a request with its own id; the server answers in completion
+order and the answer is matched back to its rows by that id.
 
 * **Spreading**: a message goes to the live endpoint with the least outstanding rows among those
   with fewer than ``max_inflight`` messages unanswered (least outstanding work).
@@ -30,10 +30,10 @@ matched back to its rows by that id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import itertools
 import logging
-import math
-import random
 import signal
 import sys
 import time
@@ -46,34 +46,32 @@ import numpy as np
 import pyarrow as pa
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
-from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
-from trtserve.client import CHANNEL_OPTIONS, Credentials, build_request, parse_response
-from trtserve.datatypes import DATATYPES
-from trtserve.spec import TensorSpec
+from trtserve.client import Credentials, build_request, parse_response
+from trtserve.tools.bulklib.endpoints import (
+    FATAL_CODES,
+    BulkError,
+    Counts,
+    Endpoint,
+    Message,
+    backoff,
+    discover,
+    mean_batch_size,
+    model_statistics,
+    pick,
+)
 from trtserve.tools.bulklib.sink import ErrorLog, PartStore, ResumeError, RowBuffer, output_schema
-from trtserve.tools.bulklib.source import Row, RowEncoder, count_rows, detect_format, open_batches, parse_input_columns, stack_rows
+from trtserve.tools.bulklib.source import (
+    Row,
+    RowEncoder,
+    count_rows,
+    detect_format,
+    open_batches,
+    parse_input_columns,
+    stack_rows,
+)
+from trtserve.tools.bulklib.summary import RETRY_CODES, LatencySample, Summary
 
 log = logging.getLogger("trtserve.bulk")
-
-# Transient refusals: retried, and never final (a row refused only with these is left for a re-run).
-RETRY_CODES = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "ABORTED"})
-FATAL_CODES = frozenset({"NOT_FOUND", "UNIMPLEMENTED", "PERMISSION_DENIED", "UNAUTHENTICATED"})
-BULK_CHANNEL_OPTIONS = CHANNEL_OPTIONS + [
-    # reconnect to a restarted server within seconds, not grpc's default of up to 2 minutes
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 5000),
-]
-LATENCY_SAMPLES = 200_000
-
-
-class BulkError(RuntimeError):
-    """The job cannot go on (no server, unknown model, stalled); committed rows stay committed."""
-
-
-def backoff(attempt: int, base: float = 0.2, cap: float = 10.0) -> float:
-    """Exponential backoff with full jitter: up to ``base * 2**(attempt-1)`` seconds, capped."""
-    return random.uniform(0.5, 1.0) * min(cap, base * 2 ** max(attempt - 1, 0))
 
 
 @dataclass
@@ -105,102 +103,13 @@ class JobConfig:
         return self.errors or self.output.with_name(self.output.name + ".errors.jsonl")
 
 
-@dataclass
-class Summary:
-    """What a run did (``trtserve bulk`` prints it; ``--summary-json`` writes it)."""
-
-    rows_read: int = 0
-    rows_written: int = 0
-    skipped: int = 0
-    duplicates: int = 0
-    errors: int = 0
-    errors_total: int = 0
-    pending: int = 0  # rows given up on after transient refusals: a re-run sends them again
-    pending_codes: dict[str, int] = field(default_factory=dict)
-    retries: int = 0
-    splits: int = 0
-    broken_streams: int = 0
-    wall_s: float = 0.0
-    rows_per_s: float = 0.0
-    latency_p50_ms: float = math.nan
-    latency_p99_ms: float = math.nan
-    messages: int = 0
-    mean_batch_size: float = math.nan
-    output_rows: int = 0
-    per_endpoint: dict[str, int] = field(default_factory=dict)
-
-    def lines(self) -> list[str]:
-        lines = [
-            f"rows written {self.rows_written}  (read {self.rows_read}, skipped as already committed {self.skipped}, "
-            f"duplicate ids {self.duplicates})",
-            f"errors {self.errors} this run ({self.errors_total} in the errors file)  pending {self.pending}  "
-            f"retries {self.retries}  broken streams {self.broken_streams}  split messages {self.splits}",
-            f"wall {self.wall_s:.1f} s  {self.rows_per_s:.1f} rows/s",
-        ]
-        if self.messages:
-            lines[-1] += (f"  latency per message p50 {self.latency_p50_ms:.1f} ms p99 {self.latency_p99_ms:.1f} ms "
-                          f"({self.messages} messages)")
-        if not math.isnan(self.mean_batch_size):
-            lines.append(f"mean batch size {self.mean_batch_size:.2f} (servers' ModelStatistics, this run)")
-        lines.append("rows per endpoint: " + ", ".join(f"{k}: {v}" for k, v in self.per_endpoint.items()))
-        if self.pending:
-            lines.append(f"output not final: {self.pending} row(s) pending (committed rows are kept in the parts)")
-        else:
-            lines.append(f"output rows {self.output_rows}")
-        return lines
-
-    def pending_note(self, max_retries: int | None) -> str:
-        """The sentence ``trtserve bulk`` ends with when rows are pending ("" when none)."""
-        if not self.pending:
-            return ""
-        codes = ", ".join(f"{code} {n}" for code, n in sorted(self.pending_codes.items()))
-        after = f" after {max_retries} retries" if max_retries is not None else ""
-        return (f"{self.pending} row(s) not done: refused with retryable codes ({codes}){after}; they are "
-                "not in the errors file: re-run the same command to resume them")
-
-
-@dataclass
-class Message:
-    """Rows sharing one request: resent whole on a broken stream, split on a per-row error."""
-
-    rows: list[Row]
-    inputs: dict[str, np.ndarray]
-    attempts: int = 0
-    sent_at: float = 0.0
-
-
-class Endpoint:
-    """One server: its channel, stream state and what it holds unanswered."""
-
-    def __init__(self, url: str, credentials: Credentials) -> None:
-        self.url = url
-        tls = credentials.channel_credentials()
-        self.channel = (grpc.aio.secure_channel(url, tls, options=BULK_CHANNEL_OPTIONS) if tls
-                        else grpc.aio.insecure_channel(url, options=BULK_CHANNEL_OPTIONS))
-        self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
-        self.metadata = credentials.metadata
-        self.inflight: dict[str, Message] = {}
-        self.outstanding_rows = 0
-        self.send_q: asyncio.Queue[pb.ModelInferRequest] = asyncio.Queue()
-        self.failures = 0
-        self.down_until = 0.0
-        self.last_error = ""
-        self.sent = 0
-        self.rows_done = 0
-        self.task: asyncio.Task | None = None
-
-    def capacity(self, max_inflight: int) -> int:
-        """Messages it may hold: one probe while recovering from a failure."""
-        return 1 if self.failures else max_inflight
-
-
 class BulkJob:
     """One run of a bulk job (see the module docstring). ``await job.run()`` → :class:`Summary`."""
 
     def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
         self.summary = Summary()
-        self.latencies: list[float] = []
+        self.latencies = LatencySample()
         self.ids = itertools.count()
 
     # -- the run ------------------------------------------------------------------------------
@@ -227,10 +136,8 @@ class BulkJob:
         start = time.perf_counter()
         self.progress = None
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self._fail, BulkError(f"interrupted by {signal.Signals(sig).name}"))
-            except (NotImplementedError, RuntimeError):
-                pass
         try:
             await self._until_done(self._discover())
             self.fmt = detect_format(cfg.input, cfg.input_format)
@@ -246,9 +153,10 @@ class BulkJob:
                 log.info("resuming: %d ids already committed, %d in the errors file", len(committed), len(error_ids))
             total = await asyncio.to_thread(count_rows, cfg.input, self.fmt)
             self._open_progress(total)
-            stats_before = await self._statistics()
+            stats_before = await model_statistics(self.endpoints, cfg.model)
             for ep in self.endpoints:
-                ep.task = self._spawn(self._endpoint_loop(ep))
+                ep.task = self._spawn(ep.serve(functools.partial(self._on_response, ep),
+                                               functools.partial(self._stream_broken, ep)))
             tasks += [self._spawn(self._read()), self._spawn(self._schedule()), self._spawn(self._watchdog()),
                       self._spawn(self._timed_flush())]
             try:
@@ -258,17 +166,15 @@ class BulkJob:
                 raise
             await self._flush()
             self.errors.close()
-            stats_after = await self._statistics()
+            stats_after = await model_statistics(self.endpoints, cfg.model)
             if not self.summary.pending:  # the final file is written once every row is done
                 self.summary.output_rows = await asyncio.to_thread(self.store.finalize, cfg.id_column)
             self._finish_summary(start, stats_before, stats_after)
             return self.summary
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
-                try:
+                with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
-                except (NotImplementedError, RuntimeError):
-                    pass
             for t in tasks + [ep.task for ep in getattr(self, "endpoints", []) if ep.task]:
                 t.cancel()
             await asyncio.gather(*tasks, *(ep.task for ep in self.endpoints if ep.task), return_exceptions=True)
@@ -312,76 +218,28 @@ class BulkJob:
         task.result()
 
     async def _discover(self) -> None:
-        """Read the model's inputs, outputs and max_batch_size from the first endpoint that answers.
+        """Learn the model from the servers, and size the messages and the row window for it.
 
         Raises:
             BulkError: the model is unknown, or no endpoint answered within ``stall_timeout``.
         """
         cfg = self.cfg
-        deadline = time.monotonic() + cfg.stall_timeout
-        attempt = 0
-        while True:
-            errors = []
-            for ep in self.endpoints:
-                try:
-                    meta = await ep.stub.ModelMetadata(pb.ModelMetadataRequest(name=cfg.model), timeout=10, metadata=ep.metadata)
-                    config = (await ep.stub.ModelConfig(pb.ModelConfigRequest(name=cfg.model), timeout=10, metadata=ep.metadata)).config
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code().name in FATAL_CODES:  # retrying cannot help (unknown model, bad token, ...)
-                        raise BulkError(f"{ep.url}: {exc.code().name}: {exc.details()}") from None
-                    errors.append(f"{ep.url}: {exc.code().name}: {exc.details()}")
-                    continue
-                self.max_batch_size = config.max_batch_size
-                batched = config.max_batch_size > 0
-                self.batched = batched
-                cut = 1 if batched else 0
-                self.inputs = [TensorSpec(t.name, DATATYPES[t.datatype], tuple(t.shape[cut:])) for t in meta.inputs]
-                self.outputs = [TensorSpec(t.name, DATATYPES[t.datatype], tuple(t.shape[cut:])) for t in meta.outputs]
-                self.mapping = parse_input_columns(list(cfg.input_columns), [t.name for t in self.inputs])
-                per_message = cfg.rows_per_message or max(config.max_batch_size, 1)
-                self.rows_per_message = per_message if batched else 1
-                self.window = max(2 * len(self.endpoints) * cfg.max_inflight * self.rows_per_message, 4 * self.rows_per_message)
-                log.info("model %s version %s: inputs %s, outputs %s, %d rows per message",
-                         cfg.model, meta.versions[0] if meta.versions else "?", [t.name for t in self.inputs],
-                         [t.name for t in self.outputs], self.rows_per_message)
-                return
-            attempt += 1
-            if time.monotonic() > deadline:
-                raise BulkError("no endpoint answered: " + "; ".join(errors))
-            log.warning("no endpoint answered yet (%s); retrying", "; ".join(errors))
-            await asyncio.sleep(backoff(attempt, 0.5, 5.0))
+        info = await discover(self.endpoints, cfg.model, cfg.stall_timeout)
+        self.batched = info.batched
+        self.inputs, self.outputs = info.inputs, info.outputs
+        self.mapping = parse_input_columns(list(cfg.input_columns), [t.name for t in self.inputs])
+        per_message = cfg.rows_per_message or max(info.max_batch_size, 1)
+        self.rows_per_message = per_message if info.batched else 1
+        self.window = max(2 * len(self.endpoints) * cfg.max_inflight * self.rows_per_message, 4 * self.rows_per_message)
+        log.info("model %s version %s: inputs %s, outputs %s, %d rows per message", cfg.model, info.version,
+                 [t.name for t in self.inputs], [t.name for t in self.outputs], self.rows_per_message)
 
-    async def _statistics(self) -> dict[str, tuple[int, int] | None]:
-        """Endpoint → (rows, engine runs) of the model from ModelStatistics (None if down)."""
-
-        async def one(ep: Endpoint) -> tuple[int, int] | None:
-            try:
-                r = await ep.stub.ModelStatistics(pb.ModelStatisticsRequest(name=self.cfg.model), timeout=5, metadata=ep.metadata)
-            except grpc.aio.AioRpcError:
-                return None
-            s = r.model_stats[0] if r.model_stats else None
-            return (s.inference_count, s.execution_count) if s else None
-
-        values = await asyncio.gather(*(one(ep) for ep in self.endpoints))
-        return dict(zip((ep.url for ep in self.endpoints), values))
-
-    def _finish_summary(self, start: float, before: dict, after: dict) -> None:
+    def _finish_summary(self, start: float, before: Counts, after: Counts) -> None:
         s = self.summary
         s.wall_s = time.perf_counter() - start
         s.rows_per_s = s.rows_written / s.wall_s if s.wall_s > 0 else 0.0
-        if self.latencies:
-            lat = np.array(self.latencies) * 1e3
-            s.latency_p50_ms, s.latency_p99_ms = (float(np.percentile(lat, q)) for q in (50, 99))
-        rows = runs = 0
-        for url, a in after.items():
-            b = before.get(url)
-            if a is None:
-                continue
-            if b is None or a[0] < b[0]:  # the server restarted during the run: its counts are since then
-                b = (0, 0)
-            rows += a[0] - b[0]
-            runs += a[1] - b[1]
-        s.mean_batch_size = rows / runs if runs else math.nan
+        s.latency_p50_ms, s.latency_p99_ms = self.latencies.percentiles_ms()
+        s.mean_batch_size = mean_batch_size(before, after)
         s.per_endpoint = {ep.url: ep.rows_done for ep in self.endpoints}
         s.errors_total += s.errors
 
@@ -431,7 +289,8 @@ class BulkJob:
                     else:
                         self.summary.duplicates += 1
                         if self.summary.duplicates == 1:
-                            log.warning("input id %r appears again (input row %d); later copies are skipped", key, row_seq)
+                            log.warning("input id %r appears again (input row %d); later copies are skipped",
+                                        key, row_seq)
                     self._resolve_row(row_seq, None, planned=False)
                     continue
                 if key is not None:
@@ -453,12 +312,11 @@ class BulkJob:
 
     def _set_schema(self, id_type: pa.DataType) -> None:
         cfg = self.cfg
-        self.id_type = id_type
         self.schema = output_schema(cfg.id_column, id_type, self.outputs, cfg.model)
         existing = self.store.existing_schema()
         if existing is not None and not existing.remove_metadata().equals(self.schema.remove_metadata()):
-            raise ResumeError(f"{cfg.output} (or its parts) has schema {existing.remove_metadata()}, but this job writes "
-                              f"{self.schema.remove_metadata()}; choose another --output")
+            raise ResumeError(f"{cfg.output} (or its parts) has schema {existing.remove_metadata()}, but this job "
+                              f"writes {self.schema.remove_metadata()}; choose another --output")
         self.buffer = RowBuffer(id_type, self.outputs, self.schema)
 
     async def _plan(self, rows: list[Row]) -> None:
@@ -472,60 +330,9 @@ class BulkJob:
     async def _schedule(self) -> None:
         while True:
             msg = await self.work.get()
-            ep = await self._pick()
+            ep = await pick(self.endpoints, self.cfg.max_inflight, self.capacity_changed)
             request_id = f"{next(self.ids)}"
-            ep.inflight[request_id] = msg
-            ep.outstanding_rows += len(msg.rows)
-            ep.sent += 1
-            msg.sent_at = time.perf_counter()
-            ep.send_q.put_nowait(build_request(self.cfg.model, msg.inputs, request_id=request_id))
-
-    async def _pick(self) -> Endpoint:
-        """The live endpoint with a free slot and the least outstanding rows (waits for one)."""
-        while True:
-            now = time.monotonic()
-            best = None
-            for ep in self.endpoints:
-                if now < ep.down_until or len(ep.inflight) >= ep.capacity(self.cfg.max_inflight):
-                    continue
-                if best is None or (ep.outstanding_rows, ep.sent) < (best.outstanding_rows, best.sent):
-                    best = ep
-            if best is not None:
-                return best
-            self.capacity_changed.clear()
-            waits = [ep.down_until - now for ep in self.endpoints if ep.down_until > now]
-            try:
-                await asyncio.wait_for(self.capacity_changed.wait(), timeout=min(waits) if waits else None)
-            except asyncio.TimeoutError:
-                pass
-
-    async def _endpoint_loop(self, ep: Endpoint) -> None:
-        """Open a stream when there is something to send; on a break, hand its messages back."""
-        while True:
-            first = await ep.send_q.get()
-            call = ep.stub.ModelStreamInfer(metadata=ep.metadata)
-            reader = asyncio.ensure_future(self._read_stream(ep, call))
-            writer = asyncio.ensure_future(self._write_stream(call, ep, first))
-            try:
-                done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                reader.cancel()
-                writer.cancel()
-                call.cancel()
-            exc = next((t.exception() for t in (reader, writer) if t in done and not t.cancelled() and t.exception()), None)
-            self._stream_broken(ep, exc)
-
-    async def _write_stream(self, call, ep: Endpoint, first: pb.ModelInferRequest) -> None:
-        await call.write(first)
-        while True:
-            await call.write(await ep.send_q.get())
-
-    async def _read_stream(self, ep: Endpoint, call) -> None:
-        while True:
-            message = await call.read()
-            if message is grpc.aio.EOF:
-                return
-            self._on_response(ep, message)
+            ep.send(request_id, msg, build_request(self.cfg.model, msg.inputs, request_id=request_id))
 
     def _stream_broken(self, ep: Endpoint, exc: BaseException | None) -> None:
         if isinstance(exc, grpc.aio.AioRpcError):
@@ -536,15 +343,8 @@ class BulkJob:
             code, why = "EOF", "the server ended the stream"
         else:
             code, why = type(exc).__name__, repr(exc)
-        lost = list(ep.inflight.values())
-        ep.inflight.clear()
-        ep.outstanding_rows = 0
-        while not ep.send_q.empty():
-            ep.send_q.get_nowait()
-        ep.failures += 1
-        delay = backoff(ep.failures)
-        ep.down_until = time.monotonic() + delay
-        ep.last_error = why
+        lost = ep.drop_inflight()
+        delay = ep.fail(why)
         self.summary.broken_streams += 1
         self.summary.retries += len(lost)
         if ep.failures == 1:
@@ -558,15 +358,11 @@ class BulkJob:
 
     def _on_response(self, ep: Endpoint, message: pb.ModelStreamInferResponse) -> None:
         response = message.infer_response
-        msg = ep.inflight.pop(response.id, None)
+        msg = ep.answered(response.id)
         if msg is None:
             return  # not ours (any more)
-        ep.outstanding_rows -= len(msg.rows)
         self.capacity_changed.set()
-        if len(self.latencies) < LATENCY_SAMPLES:
-            self.latencies.append(time.perf_counter() - msg.sent_at)
-        else:
-            self.latencies[random.randrange(LATENCY_SAMPLES)] = time.perf_counter() - msg.sent_at
+        self.latencies.add(time.perf_counter() - msg.sent_at)
         self.summary.messages += 1
         if message.error_message:
             code = response.parameters["error_code"].string_param if "error_code" in response.parameters else "UNKNOWN"
@@ -587,9 +383,7 @@ class BulkJob:
             msg.attempts += 1
             self.summary.retries += 1
             if code == "UNAVAILABLE":  # the server is going away (draining, model unloading): go elsewhere
-                ep.failures += 1
-                ep.down_until = time.monotonic() + backoff(ep.failures)
-                ep.last_error = f"{code}: {text}"
+                ep.fail(f"{code}: {text}")
                 self.work.put_nowait(msg)
             else:
                 self.loop.call_later(backoff(msg.attempts), self.work.put_nowait, msg)

@@ -87,12 +87,12 @@ class TrtserveModel:
         self.thread.start()
         self.pool = ThreadPoolExecutor(cpu_workers, thread_name_prefix="trtserve-cpu")
         options = runtimes.RuntimeOptions(intra_op_threads=intra_op_threads)
-        self.repository = ModelRegistry(Path(model_repository), clock=MonotonicClock(),
+        self.registry = ModelRegistry(Path(model_repository), clock=MonotonicClock(),
                                      backend_factory=partial(runtimes.create, options=options))
-        entry = self._run(self.repository.load(model))
+        entry = self._run(self.registry.load(model))
         if entry.served is None:
             raise RuntimeError(f"model '{model}' did not load from {model_repository}: {entry.reason}")
-        self.served = local_model(self.repository, model, self.pool)
+        self.served = local_model(self.registry, model, self.pool)
         self.spec, inputs, self.outputs = model_io(Path(model_repository), model)
         mapping = parse_input_columns(list(input_columns), [t.name for t in inputs])
         self.encoder = RowEncoder(inputs, mapping, id_column)
@@ -127,8 +127,8 @@ class TrtserveModel:
     async def _infer_group(self, rows: list[Row]) -> list:
         from trtserve.client import build_request
         from trtserve.errors import TrtServeError
-        from trtserve.protocol import codec
         from trtserve.frontend.grpc.status import status_for
+        from trtserve.protocol import codec
 
         try:
             request = build_request(self.spec.name, stack_rows(rows, self.spec.batched))
@@ -173,7 +173,7 @@ class TrtserveModel:
 
     def __del__(self) -> None:
         try:
-            self._run(self.repository.aclose())
+            self._run(self.registry.aclose())
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.pool.shutdown(wait=False)
         except Exception:
@@ -198,7 +198,8 @@ def read_dataset(path: str | Path, fmt: str, columns: Sequence[str], binary_colu
 
         types = {c: pa.string() for c in string_columns}
         types.update({c: pa.binary() for c in binary_columns})
-        ds = ray.data.read_csv(str(path), convert_options=pcsv.ConvertOptions(include_columns=columns, column_types=types))
+        options = pcsv.ConvertOptions(include_columns=columns, column_types=types)
+        ds = ray.data.read_csv(str(path), convert_options=options)
         return ds.select_columns(columns)
     return ray.data.read_json(str(path), lines=True).select_columns(columns)
 
@@ -255,15 +256,15 @@ def init_local(num_cpus: int = 2) -> None:
 
 def run_bulk(cfg: Any, args: Any) -> Any:
     """``trtserve bulk --ray``: read with Ray Data, run :class:`TrtserveModel` actors, write the
-    resumable Parquet output on the driver. Returns a :class:`~trtserve.tools.bulklib.job.Summary`."""
+    resumable Parquet output on the driver. Returns a :class:`~trtserve.tools.bulklib.summary.Summary`."""
     if not args.ray_address:
         for key, value in LOCAL_ENV.items():
             os.environ.setdefault(key, value)
     import ray
 
-    from trtserve.tools.bulklib.job import RETRY_CODES, Summary
     from trtserve.tools.bulklib.sink import ErrorLog, PartStore, ResumeError, output_schema
     from trtserve.tools.bulklib.source import count_rows, detect_format
+    from trtserve.tools.bulklib.summary import RETRY_CODES, Summary
 
     started = False
     if not ray.is_initialized():

@@ -113,7 +113,8 @@ class PartStore:
         Raises:
             ResumeError: the existing files hold another model's output or lack ``id_column``.
         """
-        for tmp in [self.output.with_name(self.output.name + ".tmp"), *(self.parts_dir.glob("*.tmp") if self.parts_dir.is_dir() else [])]:
+        leftovers = self.parts_dir.glob("*.tmp") if self.parts_dir.is_dir() else []
+        for tmp in [self.output.with_name(self.output.name + ".tmp"), *leftovers]:
             tmp.unlink(missing_ok=True)
         ids: set = set()
         files = ([self.output] if self.output.exists() else []) + self.parts()

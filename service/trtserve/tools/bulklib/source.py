@@ -142,7 +142,9 @@ def parse_input_columns(values: Sequence[str], model_inputs: Sequence[str]) -> d
         if "=" in value:
             name, column = value.split("=", 1)
             if name not in model_inputs:
-                raise InputError(f"--input-column {value}: the model has no input '{name}'; its inputs are {list(model_inputs)}")
+                raise InputError(
+                    f"--input-column {value}: the model has no input '{name}'; its inputs are {list(model_inputs)}"
+                )
         else:
             if len(model_inputs) != 1:
                 raise InputError(

@@ -1,0 +1,182 @@
+"""C35: every failure is in the metrics and in ModelStatistics, once, under its own model and
+code: failures before the backend (bad input, expired, queue full, unknown model) and errors
+the model raises; unknown model names share one label value.
+
+A ``trtserve serve --metrics-port`` child process with ``identity_fp32`` (ONNX Runtime), ``py``
+(the probe Python model; it raises on rows whose id is 13) and ``q2`` (the gate model, one row
+per batch, a queue of 2). The client sends:
+
+* to ``identity_fp32``: 10 good requests, 5 whose byte length does not match the shape, and 3
+  with a ``timeout`` of 1 µs;
+* over one stream: 10 good messages and 5 with the wrong datatype;
+* to ``py``: 4 good requests and 3 that make it raise;
+* to ``q2``: 10 at once (one runs and is held at the gate; two queue; the other seven find the
+  queue full; then the gate opens);
+* 42 requests to unknown model names, one with a quote and a newline, one of 300 characters.
+
+Then the deltas of ``trtserve_requests_total`` and ``trtserve_request_duration_seconds_count``
+(model, code), of ``trtserve_rejected_total`` and ``trtserve_deadline_exceeded_total`` (the
+reasons), and ModelStatistics' success/fail counts must equal what the clients saw; the odd
+names add no label value; ``trtserve_inflight_requests`` is 0 at rest.
+"""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+from harness import error_code, gate_batches, raw_request, row, wait_for, write_gate, write_identity, write_probe
+from prometheus_client.parser import text_string_to_metric_families
+
+from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
+from trtserve.client import build_request
+from trtserve.tools.child_server import ServerProcess
+
+MODELS = ("identity_fp32", "py", "q2")
+HELD_ID = 99.0  # the q2 row that holds its only slot (the gate model) while the others arrive
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
+def series(metrics: dict, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {labels: value for (n, labels), value in metrics.items() if n == name}
+
+
+def delta(after: dict, before: dict, name: str) -> Counter:
+    """(model, code) → increase of counter ``name`` (labels model and code), zeros left out."""
+    out: Counter = Counter()
+    for labels, value in series(after, name).items():
+        d = dict(labels)
+        change = value - series(before, name).get(labels, 0.0)
+        if change:
+            out[d.get("model"), d.get("code")] += int(change)
+    return out
+
+
+def statistics(stub) -> dict[str, tuple[int, int]]:
+    response = stub.ModelStatistics(pb.ModelStatisticsRequest(), timeout=30)
+    return {m.name: (m.inference_stats.success.count, m.inference_stats.fail.count) for m in response.model_stats}
+
+
+def unary(stub, request, timeout: float = 60) -> str:
+    try:
+        stub.ModelInfer(request, timeout=timeout)
+        return "OK"
+    except grpc.RpcError as exc:
+        return exc.code().name
+
+
+def test_every_failure_is_counted_once_under_its_model_and_code_in_metrics_and_statistics(tmp_path):
+    """C35: the client-side tally of (model, code) equals the metric deltas and ModelStatistics."""
+    log, gate = tmp_path / "q2.log", tmp_path / "q2.gate"
+    models = tmp_path / "models"
+    write_identity(models, "identity_fp32", "FP32", (-1,), max_batch_size=8)
+    write_probe(models, "py", max_batch_size=4, fast_warmup="true", raise_on=13)
+    write_gate(models, "q2", log, gate, max_batch_size=1, dynamic="default_queue_policy { max_queue_size: 2 }")
+    port = free_port()
+    seen: Counter = Counter()  # (model label, code) as the clients saw them
+    with ServerProcess(models, "--metrics-port", str(port)) as srv, grpc.insecure_channel(srv.url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        before, stats_before = scrape(port), statistics(stub)
+        x = np.arange(8, dtype=np.float32).reshape(1, 8)
+
+        # identity_fp32, unary: good, wrong byte length, 1 µs timeout.
+        for _ in range(10):
+            seen["identity_fp32", unary(stub, build_request("identity_fp32", {"INPUT0": x}))] += 1
+        for k in range(5):
+            seen["identity_fp32", unary(stub, raw_request("identity_fp32", "FP32", [1, 8], x.tobytes()[: 28 - k]))] += 1
+        for _ in range(3):
+            seen["identity_fp32", unary(stub, build_request("identity_fp32", {"INPUT0": x}, timeout_us=1))] += 1
+
+        # identity_fp32, one stream: good and wrong-datatype messages interleaved.
+        messages = []
+        for i in range(15):
+            if i % 3 == 2:
+                wrong = x.astype(np.int32).tobytes()
+                messages.append(raw_request("identity_fp32", "INT32", [1, 8], wrong, request_id=str(i)))
+            else:
+                messages.append(build_request("identity_fp32", {"INPUT0": x}, request_id=str(i)))
+        answers = list(stub.ModelStreamInfer(iter(messages), timeout=60))
+        assert sorted(int(m.infer_response.id) for m in answers) == list(range(15))
+        for m in answers:
+            seen["identity_fp32", error_code(m)] += 1
+
+        # py: one at a time (a raising row fails its whole batch, so nothing shares one).
+        for rid in (1.0, 13.0, 2.0, 13.0, 3.0, 13.0, 4.0):
+            seen["py", unary(stub, build_request("py", row(rid)))] += 1
+
+        # q2: the held row keeps the slot, two queue behind it, seven find the queue full; then
+        # the gate opens and the three run.
+        with ThreadPoolExecutor(10) as pool:
+            held = pool.submit(unary, stub, build_request("q2", row(HELD_ID)))
+            assert wait_for(lambda: gate_batches(log) == [[HELD_ID]], 30)
+            queued = [pool.submit(unary, stub, build_request("q2", row(float(i)))) for i in (1, 2)]
+            assert wait_for(lambda: scrape(port).get(("trtserve_queue_depth", (("model", "q2"),))) == 2, 30)
+            refused = [unary(stub, build_request("q2", row(float(i)))) for i in range(3, 10)]
+            gate.touch()
+            for code in [held.result(), *(f.result() for f in queued), *refused]:
+                seen["q2", code] += 1
+        assert refused == ["RESOURCE_EXHAUSTED"] * 7
+
+        # Unknown names, odd ones included.
+        names = [f"nosuch{i}" for i in range(40)] + ['quo"te\nnewline', "m" * 300]
+        for name in names:
+            code = unary(stub, build_request(name, {"INPUT0": x}))
+            assert code == "NOT_FOUND"
+            seen["unknown", code] += 1
+
+        # At rest: nothing in flight (the last bookkeeping may trail the last answer a moment).
+        assert wait_for(lambda: scrape(port).get(("trtserve_inflight_requests", ())) == 0, 30)
+        after, stats_after = scrape(port), statistics(stub)
+
+    print(f"\nC35: clients saw {dict(sorted(seen.items()))}")
+    # What the clients saw: every kind of failure happened.
+    assert seen["identity_fp32", "OK"] == 20 and seen["identity_fp32", "INVALID_ARGUMENT"] == 10
+    assert seen["identity_fp32", "DEADLINE_EXCEEDED"] == 3
+    assert seen["py", "OK"] == 4 and sum(n for (m, c), n in seen.items() if m == "py" and c != "OK") == 3
+    assert seen["q2", "OK"] == 3 and seen["q2", "RESOURCE_EXHAUSTED"] == 7
+
+    # Prometheus: each request once, under its own model and code; unknown names share one label.
+    counted = delta(after, before, "trtserve_requests_total")
+    unknown_labels = {m for m, _ in counted if m not in MODELS}
+    assert len(unknown_labels) == 1, unknown_labels
+    (unknown,) = unknown_labels
+    expected = Counter({(unknown if m == "unknown" else m, c): n for (m, c), n in seen.items()})
+    assert counted == expected
+    assert delta(after, before, "trtserve_request_duration_seconds_count") == expected
+    models_labelled = {dict(labels).get("model") for (_, labels) in after if dict(labels).get("model")}
+    assert models_labelled <= {*MODELS, unknown}  # 42 odd names, no new label values
+    # The reasons: queue full, and expired before running (1 µs cannot fit any batch).
+    def grew(name: str, **labels: str) -> float:
+        key = tuple(sorted(labels.items()))
+        return series(after, name).get(key, 0.0) - series(before, name).get(key, 0.0)
+
+    assert grew("trtserve_rejected_total", model="q2", reason="queue_full") == 7
+    assert grew("trtserve_deadline_exceeded_total", model="identity_fp32", when="before_run") == 3
+    whens = ("before_run", "finished_late")
+    assert sum(grew("trtserve_deadline_exceeded_total", model=m, when=w) for m in MODELS for w in whens) == 3
+
+    # ModelStatistics: the same requests, success and fail.
+    for model in MODELS:
+        ok = seen[model, "OK"]
+        failed = sum(n for (m, c), n in seen.items() if m == model and c != "OK")
+        got = tuple(a - b for a, b in zip(stats_after[model], stats_before.get(model, (0, 0))))
+        assert got == (ok, failed), (model, got, ok, failed)
