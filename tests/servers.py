@@ -25,8 +25,7 @@ from trtserve.clock import MonotonicClock
 from trtserve.engine.core import EngineCore
 from trtserve.engine.lifecycle import LifecycleConfig
 from trtserve.engine.registry import ModelRegistry
-from trtserve.frontend.drain import drain
-from trtserve.frontend.grpc.server import start_frontend
+from trtserve.frontend.doors import open_doors
 from trtserve.ipc.client import EngineClient
 
 
@@ -34,18 +33,22 @@ class ServerThread:
     """``with ServerThread(root) as srv:`` — ``srv.url``, ``srv.client()``, ``srv.registry``
     (the engine core's live models: a :class:`trtserve.engine.registry.ModelRegistry`) and
     ``srv.core`` (the engine core), ``srv.services`` (each front end's inference service;
-    ``srv.service`` the first).
+    ``srv.service`` the first); with ``http=True`` also ``srv.http_url`` (the HTTP door of
+    every front end, on one port).
 
     Args:
         frontends: front ends sharing the port.
+        http: open the HTTP door too.
         metrics_port: the engine core's Prometheus endpoint (0: ephemeral; None: off).
         lifecycle: model control mode and readiness (``trtserve.engine.lifecycle``; default none, strict).
         server_kw: the front ends' options (``start_frontend``).
     """
 
     def __init__(self, root: Path, frontends: int = 2, metrics_port: int | None = None,
-                 lifecycle: LifecycleConfig | None = None, **server_kw) -> None:
+                 lifecycle: LifecycleConfig | None = None, http: bool = False, **server_kw) -> None:
         self.root = Path(root)
+        self.http = http
+        self.http_port: int | None = 0 if http else None
         self.lifecycle = lifecycle
         self.frontends = frontends
         self._metrics_port = metrics_port
@@ -66,6 +69,10 @@ class ServerThread:
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
 
     def client(self) -> Client:
         return Client(self.url)
@@ -100,16 +107,17 @@ class ServerThread:
         self.core = EngineCore(self.registry, address, metrics_port=self._metrics_port, lifecycle=self.lifecycle)
         await self.core.start()
         await self.core.load()
-        self.servers, self.services, self.engines = [], [], []
+        self.doors, self.servers, self.services, self.engines = [], [], [], []
         for index in range(self.frontends):
             engine = EngineClient(address, index)
             await engine.connect()
-            server, service, self.port = await start_frontend(
-                engine, clock, self.pool, host="127.0.0.1", port=self.port, reuse_port=True, **self.server_kw
-            )
-            await service.loaded()
-            self.servers.append(server)
-            self.services.append(service)
+            doors = await open_doors(engine, clock, self.pool, host="127.0.0.1", port=self.port,
+                                     http_port=self.http_port, reuse_port=True, **self.server_kw)
+            self.port, self.http_port = doors.grpc_port, doors.http_port
+            await doors.state.loaded()
+            self.doors.append(doors)
+            self.servers.append(doors.grpc)
+            self.services.append(doors.service)
             self.engines.append(engine)
         self.server, self.service, self.engine = self.servers[0], self.services[0], self.engines[0]
 
@@ -127,7 +135,7 @@ class ServerThread:
         return sum(s.inflight.active for s in self.services)
 
     async def _stop(self, grace: float) -> None:
-        await asyncio.gather(*(drain(server, service, grace) for server, service in zip(self.servers, self.services)))
+        await asyncio.gather(*(doors.drain(grace) for doors in self.doors))
         await self.core.aclose()
         for engine in self.engines:
             await engine.aclose()

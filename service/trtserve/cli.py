@@ -18,7 +18,8 @@ from pathlib import Path
 
 from trtserve.client import AUTH_TOKEN_ENV, read_token_file
 from trtserve.engine.lifecycle import DEFAULT_POLL_SECS, ControlMode, LifecycleConfig
-from trtserve.frontend.grpc.service import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STREAM_INFLIGHT
+from trtserve.frontend.grpc.service import DEFAULT_STREAM_INFLIGHT
+from trtserve.frontend.state import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger("trtserve")
 
@@ -88,6 +89,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
     serve.add_argument("--port", type=int, default=8001, help="gRPC port (default: 8001; 0 picks a free one)")
+    serve.add_argument("--allow-http", type=_boolean, default=False, metavar="true|false",
+                       help="also serve the KServe v2 REST API (HTTP/1.1, JSON and the binary tensor extension) on "
+                            "--http-port, over the same models, gate and drain (default: false)")
+    serve.add_argument("--http-port", type=int, default=8000,
+                       help="HTTP port with --allow-http true (default: 8000; 0 picks a free one)")
     serve.add_argument("--frontends", default="auto",
                        help="gRPC front-end processes sharing the port (SO_REUSEPORT; each client connection "
                             "stays with one); 'auto': one per two cores, 1..8 (default: auto)")
@@ -194,8 +200,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)
         return 2
-    if not 0 <= args.port <= 65535:
-        print(f"trtserve serve: --port must be in 0..65535 (0: a free one), got {args.port}", file=sys.stderr)
+    for flag, value in (("--port", args.port), ("--http-port", args.http_port)):
+        if not 0 <= value <= 65535:
+            print(f"trtserve serve: {flag} must be in 0..65535 (0: a free one), got {value}", file=sys.stderr)
+            return 2
+    if args.allow_http and args.tls_cert:
+        print("trtserve serve: TLS is served on the gRPC port only: the HTTP door has no TLS yet (serve it behind a "
+              "TLS-terminating proxy, or leave out --allow-http)", file=sys.stderr)
         return 2
     try:
         frontends = default_frontends() if args.frontends == "auto" else int(args.frontends)
@@ -226,6 +237,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         repository=args.model_repository,
         host=args.host,
         port=args.port,
+        http_port=args.http_port if args.allow_http else None,
         frontends=frontends,
         grace=args.grace_period,
         frontend=dict(

@@ -233,7 +233,7 @@ def test_the_automatic_inflight_bound_follows_the_models_loaded_and_unloaded(mak
 
 def test_without_deadlines_or_queue_bounds_there_is_no_automatic_bound(make_server, tmp_path, caplog):
     write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=10)
-    with caplog.at_level(logging.INFO, logger="trtserve.frontend.grpc.service"):
+    with caplog.at_level(logging.INFO, logger="trtserve.frontend.state"):
         srv = make_server(tmp_path, frontends=1, max_inflight_rpcs="auto")
         with srv.client() as c:
             np.testing.assert_array_equal(c.infer("slow", row(3.0))["OUTPUT0"], row(3.0)["INPUT0"])

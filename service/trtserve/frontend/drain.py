@@ -3,8 +3,10 @@ everything admitted within the grace period, then stop the server."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+from collections.abc import Sequence
 from typing import Protocol
 
 from trtserve.clock import Clock
@@ -39,7 +41,7 @@ class Drainable(Protocol):
         ...
 
 
-async def drain(server: Stoppable, service: Drainable, grace: float) -> None:
+async def drain(servers: Sequence[Stoppable], service: Drainable, grace: float) -> None:
     """Graceful shutdown of one front end, within ``grace`` seconds:
 
     1. at once: ServerReady false, health NOT_SERVING, new calls and new stream messages
@@ -47,7 +49,7 @@ async def drain(server: Stoppable, service: Drainable, grace: float) -> None:
     2. every admitted request, unary or inside a stream, is answered; each stream ends OK
        after its last answer;
     3. if the grace runs out first, the requests still in progress are answered UNAVAILABLE;
-    4. then the server stops (its ``stop`` with a short grace for the last writes).
+    4. then each of ``servers`` (its doors) stops, with a short grace for the last writes.
 
     The engine core keeps serving meanwhile; the supervisor closes it once every front end
     has drained.
@@ -65,9 +67,10 @@ async def drain(server: Stoppable, service: Drainable, grace: float) -> None:
     # Everything admitted is answered: what is left is writing the last stream messages
     # (and open health Watch calls, which never end by themselves), so a short stop.
     remaining = left()
-    await server.stop(
+    grace_left = (
         FINAL_STOP_S if remaining is None else min(max(remaining, FINAL_WRITE_S), FINAL_STOP_S)
     )
+    await asyncio.gather(*(server.stop(grace_left) for server in servers))
 
 
 __all__ = ["FINAL_STOP_S", "FINAL_WRITE_S", "Drainable", "Stoppable", "drain"]

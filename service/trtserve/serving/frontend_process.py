@@ -12,42 +12,43 @@ if TYPE_CHECKING:
     from trtserve.serving.settings import ServeConfig
 
 
-def frontend_main(config: ServeConfig, address: str, port: int, index: int, conn: Connection) -> None:
-    """Serve gRPC on ``config.host:port`` (SO_REUSEPORT) for the engine core at ``address``
-    until SIGTERM, then drain. Reports ``("bound", port)`` once listening and ``("ready",)``
-    once the model table has arrived and the handlers are loaded."""
+def frontend_main(config: ServeConfig, address: str, port: int, http_port: int | None, index: int,
+                  conn: Connection) -> None:
+    """Serve gRPC on ``config.host:port`` and, unless ``http_port`` is None, HTTP on
+    ``config.host:http_port`` (both SO_REUSEPORT) for the engine core at ``address`` until
+    SIGTERM, then drain. Reports ``("bound", port, http port or None)`` once listening and
+    ``("ready",)`` once the model table has arrived and the handlers are loaded."""
     from trtserve import logs
     from trtserve.serving.settings import die_with_parent
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides what a Ctrl-C means
     logs.configure(config.log_level, config.log_format, config.log_requests)
-    asyncio.run(_frontend(config, address, port, index, conn))
+    asyncio.run(_frontend(config, address, port, http_port, index, conn))
 
 
-async def _frontend(config: ServeConfig, address: str, port: int, index: int, conn: Connection) -> None:
+async def _frontend(config: ServeConfig, address: str, port: int, http_port: int | None, index: int,
+                    conn: Connection) -> None:
     from trtserve.clock import MonotonicClock
-    from trtserve.frontend.drain import drain
-    from trtserve.frontend.grpc.server import start_frontend
+    from trtserve.frontend.doors import open_doors
     from trtserve.ipc.client import EngineClient
 
     engine = EngineClient(address, index)
     await engine.connect()
     pool = ThreadPoolExecutor(config.cpu_workers, thread_name_prefix="cpu")
-    server, service, bound = await start_frontend(
-        engine, MonotonicClock(), pool, host=config.host, port=port, reuse_port=True, **config.frontend
-    )
-    conn.send(("bound", bound))
+    doors = await open_doors(engine, MonotonicClock(), pool, host=config.host, port=port, http_port=http_port,
+                             reuse_port=True, **config.frontend)
+    conn.send(("bound", doors.grpc_port, doors.http_port))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    loaded = asyncio.ensure_future(service.loaded())
+    loaded = asyncio.ensure_future(doors.state.loaded())
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait((loaded, stopped), return_when=asyncio.FIRST_COMPLETED)
     if loaded.done():
         loaded.result()
         conn.send(("ready",))
     await stopped
-    await drain(server, service, config.grace)
+    await doors.drain(config.grace)
     if not loaded.done():
         loaded.cancel()
     await engine.aclose()

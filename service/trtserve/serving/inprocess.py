@@ -20,8 +20,7 @@ async def serve_in_process(config: ServeConfig) -> int:
     exit status (0 after a clean drain)."""
     from trtserve.clock import MonotonicClock
     from trtserve.engine.local import LocalEngine
-    from trtserve.frontend.drain import drain
-    from trtserve.frontend.grpc.server import start_frontend
+    from trtserve.frontend.doors import open_doors
     from trtserve.serving.engine_process import log_models, make_core
 
     core = make_core(config, None)
@@ -30,11 +29,13 @@ async def serve_in_process(config: ServeConfig) -> int:
     pool = ThreadPoolExecutor(config.cpu_workers, thread_name_prefix="cpu")
     # Listen first, load second: while models load, health says NOT_SERVING, ServerReady
     # false and ServerLive true, instead of a refused connection.
-    server, service, port = await start_frontend(
-        engine, MonotonicClock(), pool, host=config.host, port=config.port, **config.frontend
-    )
+    doors = await open_doors(engine, MonotonicClock(), pool, host=config.host, port=config.port,
+                             http_port=config.http_port, **config.frontend)
+    port = doors.grpc_port
     announce = announcer(config)
     announce(f"trtserve bound {config.host}:{port}, loading models")
+    if doors.http_port is not None:
+        announce(f"trtserve HTTP on {config.host}:{doors.http_port}")
     if core.metrics is not None:
         announce(f"trtserve metrics on http://{config.metrics_host}:{core.metrics.port}/metrics")
     stop = asyncio.Event()
@@ -54,7 +55,7 @@ async def serve_in_process(config: ServeConfig) -> int:
     await asyncio.wait((load, stopped), return_when=asyncio.FIRST_COMPLETED)
     if load.done():
         load.result()
-        await service.loaded()
+        await doors.state.loaded()
         log_models(core)
         announce(f"trtserve listening on {config.host}:{port} (1 front end, in process)")
     else:
@@ -63,7 +64,7 @@ async def serve_in_process(config: ServeConfig) -> int:
         await asyncio.gather(load, return_exceptions=True)
     await stopped
     log.info("draining (grace period %.1f s)", config.grace)
-    await drain(server, service, config.grace)
+    await doors.drain(config.grace)
     await core.aclose()
     pool.shutdown(wait=False)
     log.info("stopped")

@@ -26,7 +26,8 @@ class ServeConfig:
 
     Attributes:
         repository: the model repository directory.
-        host, port: where the front ends listen (port 0: an ephemeral port).
+        host, port: where the front ends listen for gRPC (port 0: an ephemeral port).
+        http_port: where they listen for HTTP (0: an ephemeral port; None: no HTTP door).
         frontends: front-end processes (>= 1).
         grace: seconds to finish admitted work on SIGTERM.
         frontend: keyword arguments of :func:`trtserve.frontend.grpc.server.start_frontend`
@@ -41,6 +42,7 @@ class ServeConfig:
     repository: Path
     host: str = "127.0.0.1"
     port: int = 8001
+    http_port: int | None = None
     frontends: int = 1
     grace: float = 30.0
     frontend: dict[str, Any] = field(default_factory=dict)

@@ -102,6 +102,7 @@ class Supervisor:
         self.engine: Child | None = None
         self.frontends: dict[int, Child] = {}
         self.port = config.port
+        self.http_port = config.http_port
         self.restarts: deque[float] = deque()
         self.stopping = False
         self._announce = announcer(config)
@@ -126,11 +127,15 @@ class Supervisor:
         config = self.config
         if config.port:
             check_port_free(config.host, config.port)
+        if config.http_port:
+            check_port_free(config.host, config.http_port)
         self.engine = Child("engine core", engine_main, (config, self.address))
         _, metrics_port = self.engine.expect("bound")
         log.info("engine core started (pid %d)", self.engine.process.pid)
         self._start_frontend(0, config.port)
         self._announce(f"trtserve bound {config.host}:{self.port}, loading models")
+        if self.http_port is not None:
+            self._announce(f"trtserve HTTP on {config.host}:{self.http_port}")
         if metrics_port is not None:
             self._announce(f"trtserve metrics on http://{config.metrics_host}:{metrics_port}/metrics")
         for index in range(1, config.frontends):
@@ -151,9 +156,9 @@ class Supervisor:
         from trtserve.serving.frontend_process import frontend_main
 
         child = self.frontends[index] = Child(
-            f"front end {index}", frontend_main, (self.config, self.address, port, index)
+            f"front end {index}", frontend_main, (self.config, self.address, port, self.http_port, index)
         )
-        (_, self.port) = child.expect("bound")
+        (_, self.port, self.http_port) = child.expect("bound")
         log.info("front end %d started on port %d (pid %d)", index, self.port, child.process.pid)
 
     def _step(self, ready_wanted: set[int] | None = None) -> None:

@@ -15,13 +15,8 @@ from trtserve._proto.trtserve.v1 import control_pb2, control_pb2_grpc
 from trtserve.clock import Clock
 from trtserve.frontend.grpc.model_control import ModelControlService
 from trtserve.frontend.grpc.security import BearerTokenInterceptor, TlsConfig
-from trtserve.frontend.grpc.service import (
-    AUTO,
-    DEFAULT_MAX_MESSAGE_BYTES,
-    DEFAULT_STREAM_INFLIGHT,
-    SERVICE_NAME,
-    InferenceService,
-)
+from trtserve.frontend.grpc.service import DEFAULT_STREAM_INFLIGHT, SERVICE_NAME, InferenceService
+from trtserve.frontend.state import AUTO, DEFAULT_MAX_MESSAGE_BYTES, FrontendState
 from trtserve.ipc.engine import Engine
 
 CONTROL_SERVICE_NAME = control_pb2.DESCRIPTOR.services_by_name["ModelControl"].full_name
@@ -47,7 +42,7 @@ async def start_frontend(
     """Start a front end's ``grpc.aio`` server on ``host:port`` (0: an ephemeral port).
 
     It answers at once (health NOT_SERVING, requests UNAVAILABLE "still loading") until
-    ``service.loaded()`` has run. Returns the server, the service and the bound port.
+    ``service.state.loaded()`` has run. Returns the server, the service and the bound port.
 
     Args:
         engine: the connection to the engine core (connected).
@@ -83,15 +78,10 @@ async def start_frontend(
         ("grpc.so_reuseport", 1 if reuse_port else 0),
     ]
     interceptors = [BearerTokenInterceptor(auth_token, protect_health=auth_health)] if auth_token else []
-    service = InferenceService(
-        engine,
-        clock,
-        pool,
-        max_send_bytes=max_message_bytes,
-        stream_inflight=stream_inflight,
-        max_request_elements=max_request_elements or max_receive_bytes,
-        max_inflight=max_inflight_rpcs,
-    )
+    state = FrontendState(engine, clock, pool, max_send_bytes=max_message_bytes,
+                          max_request_elements=max_request_elements or max_receive_bytes,
+                          max_inflight=max_inflight_rpcs)
+    service = InferenceService(state, stream_inflight=stream_inflight)
 
     server = grpc.aio.server(options=options, interceptors=interceptors)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)

@@ -22,9 +22,7 @@ request's outcome and duration is recorded once and shipped to the engine core
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator
-from concurrent.futures import Executor
 from contextlib import aclosing
 from typing import Any
 
@@ -34,27 +32,13 @@ from grpc_health.v1 import health, health_pb2
 from trtserve import __version__
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
-from trtserve.clock import Clock
-from trtserve.errors import ResponseTooLarge, TrtServeError
+from trtserve.errors import TrtServeError
 from trtserve.frontend.grpc.status import status_for
 from trtserve.frontend.grpc.stream import serve_stream
-from trtserve.frontend.inflight import GRACE_EXPIRED, InflightGate
-from trtserve.frontend.models import ModelTable
+from trtserve.frontend.inflight import GRACE_EXPIRED
+from trtserve.frontend.state import FrontendState
 from trtserve.ipc.admission import deadline_of
-from trtserve.ipc.engine import Engine
-from trtserve.ipc.messages import UNKNOWN_MODEL
-from trtserve.logs import REQUEST_LOGGER
-from trtserve.protocol import codec
-from trtserve.protocol.parameters import request_parameters
 
-log = logging.getLogger(__name__)
-
-AUTO = "auto"
-"""``max_inflight``: derive the bound from the served models' measured capacity."""
-_requests_log = logging.getLogger(REQUEST_LOGGER)
-
-DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
-"""Largest request or response message, in bytes (``--max-message-bytes``)."""
 DEFAULT_STREAM_INFLIGHT = 256
 """Requests of one stream processed at once before reading pauses (``--stream-inflight``)."""
 EXTENSIONS = ["model_configuration", "parameters", "schedule_policy", "statistics"]
@@ -90,62 +74,34 @@ def _unimplemented(rpc: str, sentence: str) -> Any:
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    """The KServe v2 / Triton inference service of one front end.
+    """The KServe v2 / Triton inference service of one front end: an adapter over its
+    :class:`~trtserve.frontend.state.FrontendState`.
 
     Args:
-        engine: the connection to the engine core (connected).
-        clock: the monotonic clock (deadlines cross to the engine core as its times).
-        pool: executor for the handlers' pre/post-processing.
-        max_send_bytes: a response larger than this fails with RESOURCE_EXHAUSTED, alone.
+        state: the front end's served models, gate and request path (shared with its other doors).
         stream_inflight: requests of one stream being processed at once; beyond it the
             front end stops reading the stream (HTTP/2 flow control pushes back on the client).
-        max_request_elements: most tensor elements one request may declare, over all its
-            inputs; checked from the shapes before anything is allocated.
-        max_inflight: most inference requests (unary calls and stream messages) in progress
-            at once; one more is refused RESOURCE_EXHAUSTED (InflightFull) before its tensors
-            are decoded. ``"auto"``: measured capacity × useful wait of the models served
-            (:func:`~trtserve.batching.capacity.inflight_bound`, from the engine core),
-            recomputed whenever the models served change; ``None``: no bound.
 
-    Until :meth:`loaded` it is not ready, health says NOT_SERVING, and requests are
-    UNAVAILABLE ("still loading").
+    Until the state has loaded, health says NOT_SERVING and requests are UNAVAILABLE
+    ("still loading").
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        clock: Clock,
-        pool: Executor,
-        *,
-        max_send_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        stream_inflight: int = DEFAULT_STREAM_INFLIGHT,
-        max_request_elements: int = codec.MAX_ELEMENTS,
-        max_inflight: int | str | None = None,
-    ) -> None:
-        self.engine = engine
-        self.clock = clock
-        self.pool = pool
-        self.max_send_bytes = max_send_bytes
+    def __init__(self, state: FrontendState, *, stream_inflight: int = DEFAULT_STREAM_INFLIGHT) -> None:
+        self.state = state
+        self.engine = state.engine
+        self.clock = state.clock
+        self.inflight = state.inflight
+        self.table = state.table
         self.stream_inflight = stream_inflight
-        self.max_request_elements = max_request_elements
-        self.inflight = InflightGate(on_change=engine.set_active)
-        self.auto_bound = max_inflight == AUTO
-        self._bound_logged = False
-        if isinstance(max_inflight, int) and max_inflight > 0:
-            self.inflight.limit = max_inflight
-            self.inflight.limit_source = f"--max-inflight-rpcs {max_inflight}"
         self.health = health.aio.HealthServicer()
-        self.table = ModelTable(engine, pool, self._models_changed)
         self.wake_streams: set[asyncio.Queue[Any]] = set()  # outboxes of the open streams
-
-    # -- readiness, admission and drain ---------------------------------------------------
+        state.health_hooks.append(self.update_health)
+        state.drain_hooks.append(self._drain_streams)
 
     @property
     def serving(self) -> bool:
-        """Not draining, started, and ready as the engine core counts it (``--strict-readiness``:
-        strict, every model asked for is ready, and every handler loaded here) (health SERVING)."""
-        return (not self.inflight.draining and self.engine.loaded.is_set() and self.engine.ready
-                and not (self.engine.strict and self.table.unavailable))
+        """See :attr:`FrontendState.serving <trtserve.frontend.state.FrontendState.serving>` (health SERVING)."""
+        return self.state.serving
 
     async def update_health(self) -> None:
         """Publish :attr:`serving` to the health service (for the server and the inference service)."""
@@ -153,48 +109,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
 
-    async def _models_changed(self) -> None:
-        """The models served changed: recompute an ``auto`` bound (a failed query keeps the
-        bound in force, and says so), publish health."""
-        try:
-            if self.auto_bound:
-                await self._recompute_bound()
-        except Exception:
-            log.exception("front end: the in-flight bound could not be recomputed; %s stays in force",
-                          self.inflight.limit)
-        finally:
-            await self.update_health()
-
-    async def _recompute_bound(self) -> None:
-        limit = await self.engine.inflight_bound()
-        if limit != self.inflight.limit or not self._bound_logged:
-            if limit is None:
-                log.info("front end: no bound on requests in progress (a model admits requests without a deadline "
-                         "into an unbounded queue: set default_timeout or max_queue_size, or --max-inflight-rpcs)")
-            else:
-                log.info("front end: at most %d requests in progress (the models' measured capacity x longest "
-                         "default timeout, or their queue sizes, plus a batch per slot)", limit)
-            self._bound_logged = True
-        self.inflight.limit = limit
-        self.inflight.limit_source = (
-            f"--max-inflight-rpcs auto: {limit}, from the models' capacity and deadlines or queue sizes"
-        )
-
-    async def loaded(self) -> None:
-        """Wait for the engine core's model table, load each served version's handler (off
-        the loop), then follow the table (models loaded, reloaded, unloaded) in the models
-        served, readiness and health."""
-        await self.engine.loaded.wait()
-        self.table.follow()
-        await self.table.refresh()
-
-    async def begin_drain(self) -> None:
-        """Stop admitting (new requests: UNAVAILABLE), not ready, health NOT_SERVING; streams
-        end OK once everything they had admitted is answered."""
-        self.inflight.begin_drain()
+    async def _drain_streams(self) -> None:
+        """A drain began: health NOT_SERVING; streams end OK once everything they had admitted is answered."""
         await self.health.enter_graceful_shutdown()
         for outbox in list(self.wake_streams):
             outbox.put_nowait(None)
+
+    async def answer(self, request: pb.ModelInferRequest, deadline: float,
+                     refusal: TrtServeError | None) -> pb.ModelInferResponse:
+        """See :meth:`FrontendState.answer <trtserve.frontend.state.FrontendState.answer>`."""
+        return await self.state.answer(request, deadline, refusal)
 
     # -- health and metadata --------------------------------------------------------------
 
@@ -299,69 +223,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """The call's gRPC deadline as monotonic seconds (``math.inf`` for none), taken once
         per call: every message of a stream shares it, so they queue in arrival order."""
         return deadline_of(context.time_remaining(), self.clock.now())
-
-    async def answer(self, request: pb.ModelInferRequest, deadline: float,
-                     refusal: TrtServeError | None) -> pb.ModelInferResponse:
-        """Answer one request (unary, or one stream message) by ``deadline`` (the gRPC
-        deadline, monotonic seconds) and record its outcome once.
-
-        Raises:
-            TrtServeError: its status is the answer (``refusal``, when admission refused it:
-                ShuttingDown or InflightFull,
-                :meth:`InflightGate.admit <trtserve.frontend.inflight.InflightGate.admit>`).
-        """
-        start = self.clock.now()
-        code, error, late = "OK", None, False
-        try:
-            if refusal is not None:
-                raise refusal
-            response, late = await self._infer(request, deadline)
-            return response
-        except TrtServeError as exc:
-            code, error = status_for(exc).name, exc
-            raise
-        except asyncio.CancelledError:
-            code = "UNAVAILABLE" if self.inflight.expired else "CANCELLED"
-            raise
-        except Exception:
-            code = "INTERNAL"
-            raise
-        finally:
-            seconds = self.clock.now() - start
-            name = request.model_name
-            self.engine.record(
-                name if name in self.engine.models else UNKNOWN_MODEL, code, seconds,
-                refusal=error.refusal if error is not None else None, late=late,
-            )
-            if _requests_log.isEnabledFor(logging.DEBUG):
-                _requests_log.debug(
-                    "%s %s id=%s %.3f ms",
-                    code, name, request.id, seconds * 1e3,
-                    extra={"request_id": request.id, "model": name, "status": code,
-                           "duration_ms": round(seconds * 1e3, 3)},
-                )
-
-    async def _infer(self, request: pb.ModelInferRequest, deadline: float) -> tuple[pb.ModelInferResponse, bool]:
-        model = await self.table.get(request.model_name, request.model_version)
-        spec = model.spec
-        priority, timeout, final = request_parameters(request)
-        # Shed before decoding: what cannot finish in time costs no more work here.
-        self.engine.shed(spec.name, priority, timeout, deadline, self.clock.now())
-        inputs, _rows = codec.decode_inputs(request, spec, max_elements=self.max_request_elements)
-        chosen = codec.requested_outputs(request, spec)
-        outputs, resolved, version = await model.infer(
-            inputs, version=request.model_version, priority=priority, timeout=timeout, deadline=deadline)
-        late = self.clock.now() > resolved
-        response = codec.encode_response(spec, request.id, outputs, chosen)
-        response.model_version = version  # the version that answered (across a reload, maybe a newer one)
-        if final:  # each request of a model that is not decoupled gets one response: the final one
-            response.parameters["triton_final_response"].bool_param = True
-        size = response.ByteSize()
-        if size > self.max_send_bytes:
-            raise ResponseTooLarge(
-                f"the response is {size} bytes, more than the server's maximum send size of {self.max_send_bytes} bytes"
-            )
-        return response, late
 
     async def _call(self, context: Any, fn: Any, *args: Any) -> Any:
         try:

@@ -1,52 +1,23 @@
-"""trtserve errors → gRPC status codes: the one table (:data:`STATUS_FOR`), and the stream form of
-an error.
-
-The hierarchy itself, and why each class gets its code, is drawn in :mod:`trtserve.errors`.
-"""
+"""trtserve errors as gRPC status codes (from the one table,
+:data:`trtserve.frontend.status.STATUS_NAMES`), and the stream form of an error."""
 
 from __future__ import annotations
 
 import grpc
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
-from trtserve.errors import (
-    BackendError,
-    InflightFull,
-    InvalidRequest,
-    ModelControlDisabled,
-    ModelNotFound,
-    ModelNotReady,
-    Overloaded,
-    QueueFull,
-    RequestTimeout,
-    ResponseTooLarge,
-    ShuttingDown,
-    TrtServeError,
-    Unsupported,
-)
+from trtserve.errors import TrtServeError
+from trtserve.frontend.status import STATUS_NAMES, status_name
 
 STATUS_FOR: dict[type[TrtServeError], grpc.StatusCode] = {
-    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    ModelNotFound: grpc.StatusCode.NOT_FOUND,
-    Unsupported: grpc.StatusCode.UNIMPLEMENTED,
-    ResponseTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
-    BackendError: grpc.StatusCode.INTERNAL,
-    QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    InflightFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ModelNotReady: grpc.StatusCode.UNAVAILABLE,
-    ModelControlDisabled: grpc.StatusCode.UNAVAILABLE,
-    ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+    cls: getattr(grpc.StatusCode, name) for cls, name in STATUS_NAMES.items()
 }
+"""The gRPC status of each error class (:data:`trtserve.frontend.status.STATUS_NAMES`)."""
 
 
 def status_for(exc: TrtServeError) -> grpc.StatusCode:
     """The gRPC status code of a trtserve error (most specific class first)."""
-    for cls in type(exc).__mro__:
-        if cls in STATUS_FOR:
-            return STATUS_FOR[cls]
-    return grpc.StatusCode.INTERNAL
+    return getattr(grpc.StatusCode, status_name(exc))
 
 
 def stream_error(request: pb.ModelInferRequest, exc: TrtServeError) -> pb.ModelStreamInferResponse:

@@ -1,0 +1,80 @@
+"""One front end's doors: the gRPC server and, when asked for, the HTTP server, over one
+:class:`~trtserve.frontend.state.FrontendState` (one set of served models, one in-flight gate,
+one drain)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from trtserve.clock import Clock
+from trtserve.frontend.drain import drain
+from trtserve.frontend.grpc.server import start_frontend
+from trtserve.frontend.grpc.service import InferenceService
+from trtserve.frontend.http.server import HttpServer, start_http
+from trtserve.frontend.state import DEFAULT_MAX_MESSAGE_BYTES, FrontendState
+from trtserve.ipc.engine import Engine
+
+
+@dataclass
+class Doors:
+    """The running doors of one front end.
+
+    Attributes:
+        grpc: the ``grpc.aio`` server; ``service``: its inference service.
+        grpc_port: the gRPC port bound.
+        http: the HTTP server, or None (``--allow-http`` not given).
+    """
+
+    grpc: grpc.aio.Server
+    service: InferenceService
+    grpc_port: int
+    http: HttpServer | None
+
+    @property
+    def state(self) -> FrontendState:
+        """The front end's served models, gate and request path."""
+        return self.service.state
+
+    @property
+    def http_port(self) -> int | None:
+        """The HTTP port bound, or None."""
+        return self.http.port if self.http is not None else None
+
+    async def drain(self, grace: float) -> None:
+        """Graceful shutdown of both doors (:func:`~trtserve.frontend.drain.drain`)."""
+        servers = [self.grpc, *([self.http] if self.http is not None else [])]
+        await drain(servers, self.state, grace)
+
+
+async def open_doors(engine: Engine, clock: Clock, pool: Executor, *, host: str, port: int, http_port: int | None,
+                     reuse_port: bool = False, **options: Any) -> Doors:
+    """Start the gRPC door on ``host:port`` and, unless ``http_port`` is None, the HTTP door on
+    ``host:http_port`` (0: a free port), both answering at once (not ready until the state loads).
+
+    Args:
+        options: the keyword arguments of :func:`~trtserve.frontend.grpc.server.start_frontend`
+            (limits, TLS, auth); the HTTP door takes the receive limit as its body limit, and the
+            same bearer token.
+
+    Raises:
+        RuntimeError: an address cannot be bound.
+        ValueError: an option out of range, or TLS asked for with the HTTP door (not implemented there).
+    """
+    if http_port is not None and options.get("tls") is not None:
+        raise ValueError("TLS is served on the gRPC port only: the HTTP door has no TLS yet (serve it behind a "
+                         "TLS-terminating proxy, or leave out --allow-http)")
+    server, service, bound = await start_frontend(engine, clock, pool, host=host, port=port, reuse_port=reuse_port,
+                                                  **options)
+    http = None
+    if http_port is not None:
+        limit = options.get("max_receive_bytes") or options.get("max_message_bytes") or DEFAULT_MAX_MESSAGE_BYTES
+        http = await start_http(service.state, host=host, port=http_port, reuse_port=reuse_port, max_body_bytes=limit,
+                                auth_token=options.get("auth_token"), auth_health=options.get("auth_health", False))
+    return Doors(server, service, bound, http)
+
+
+__all__ = ["Doors", "open_doors"]

@@ -1,0 +1,202 @@
+"""What one front-end process serves, whichever door a request came in by: the models it serves
+(their handlers loaded), its in-flight gate and bound, its readiness, and the request path from
+a decoded ``ModelInferRequest`` to its response.
+
+Both doors hand this the protobuf request: the gRPC door as it came, the HTTP door after
+translating its body (:mod:`trtserve.protocol.rest`), so a request is validated, shed, run and
+counted the same way whatever its transport. A request's deadline is the earliest of its
+transport deadline, its ``timeout`` parameter and the model's default (the admission rule,
+:mod:`trtserve.ipc.admission`); every outcome is recorded once and shipped to the engine core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+
+from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve.clock import Clock
+from trtserve.errors import ResponseTooLarge, TrtServeError
+from trtserve.frontend.inflight import InflightGate
+from trtserve.frontend.models import ModelTable
+from trtserve.frontend.status import status_name
+from trtserve.ipc.engine import Engine
+from trtserve.ipc.messages import UNKNOWN_MODEL
+from trtserve.logs import REQUEST_LOGGER
+from trtserve.protocol import codec
+from trtserve.protocol.parameters import request_parameters
+
+log = logging.getLogger(__name__)
+_requests_log = logging.getLogger(REQUEST_LOGGER)
+
+AUTO = "auto"
+"""``max_inflight``: derive the bound from the served models' measured capacity."""
+DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+"""Largest request or response message, in bytes (``--max-message-bytes``)."""
+
+
+class FrontendState:
+    """One front end's served models, gate and request path, shared by its doors.
+
+    Args:
+        engine: the connection to the engine core (connected).
+        clock: the monotonic clock (deadlines cross to the engine core as its times).
+        pool: executor for the handlers' pre/post-processing.
+        max_send_bytes: a response larger than this fails with RESOURCE_EXHAUSTED, alone.
+        max_request_elements: most tensor elements one request may declare, over all its
+            inputs; checked from the shapes before anything is allocated.
+        max_inflight: most inference requests (unary calls, stream messages, HTTP infer
+            requests) in progress at once; one more is refused RESOURCE_EXHAUSTED (InflightFull)
+            before its tensors are decoded. ``"auto"``: measured capacity × useful wait of the
+            models served (:func:`~trtserve.batching.capacity.inflight_bound`, from the engine
+            core), recomputed whenever the models served change; ``None``: no bound.
+
+    Attributes:
+        health_hooks: awaited whenever :attr:`serving` may have changed (each door publishes it).
+        drain_hooks: awaited when a drain begins (a door ends its idle streams).
+
+    Until :meth:`loaded` it is not ready and requests are UNAVAILABLE ("still loading").
+    """
+
+    def __init__(self, engine: Engine, clock: Clock, pool: Executor, *,
+                 max_send_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, max_request_elements: int = codec.MAX_ELEMENTS,
+                 max_inflight: int | str | None = None) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.pool = pool
+        self.max_send_bytes = max_send_bytes
+        self.max_request_elements = max_request_elements
+        self.inflight = InflightGate(on_change=engine.set_active)
+        self.auto_bound = max_inflight == AUTO
+        self._bound_logged = False
+        if isinstance(max_inflight, int) and max_inflight > 0:
+            self.inflight.limit = max_inflight
+            self.inflight.limit_source = f"--max-inflight-rpcs {max_inflight}"
+        self.table = ModelTable(engine, pool, self._models_changed)
+        self.health_hooks: list[Callable[[], Awaitable[None]]] = []
+        self.drain_hooks: list[Callable[[], Awaitable[None]]] = []
+
+    # -- readiness, bound and drain -------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        """Not draining, started, and ready as the engine core counts it (``--strict-readiness``:
+        strict, every model asked for is ready, and every handler loaded here)."""
+        return (not self.inflight.draining and self.engine.loaded.is_set() and self.engine.ready
+                and not (self.engine.strict and self.table.unavailable))
+
+    async def publish_health(self) -> None:
+        """Tell every door that :attr:`serving` may have changed."""
+        for hook in list(self.health_hooks):
+            await hook()
+
+    async def _models_changed(self) -> None:
+        """The models served changed: recompute an ``auto`` bound (a failed query keeps the
+        bound in force, and says so), publish health."""
+        try:
+            if self.auto_bound:
+                await self._recompute_bound()
+        except Exception:
+            log.exception("front end: the in-flight bound could not be recomputed; %s stays in force",
+                          self.inflight.limit)
+        finally:
+            await self.publish_health()
+
+    async def _recompute_bound(self) -> None:
+        limit = await self.engine.inflight_bound()
+        if limit != self.inflight.limit or not self._bound_logged:
+            if limit is None:
+                log.info("front end: no bound on requests in progress (a model admits requests without a deadline "
+                         "into an unbounded queue: set default_timeout or max_queue_size, or --max-inflight-rpcs)")
+            else:
+                log.info("front end: at most %d requests in progress (the models' measured capacity x longest "
+                         "default timeout, or their queue sizes, plus a batch per slot)", limit)
+            self._bound_logged = True
+        self.inflight.limit = limit
+        self.inflight.limit_source = (
+            f"--max-inflight-rpcs auto: {limit}, from the models' capacity and deadlines or queue sizes"
+        )
+
+    async def loaded(self) -> None:
+        """Wait for the engine core's model table, load each served version's handler (off
+        the loop), then follow the table (models loaded, reloaded, unloaded) in the models
+        served, readiness and health."""
+        await self.engine.loaded.wait()
+        self.table.follow()
+        await self.table.refresh()
+
+    async def begin_drain(self) -> None:
+        """Stop admitting (new requests: UNAVAILABLE), not ready; then each door's drain hook."""
+        self.inflight.begin_drain()
+        for hook in list(self.drain_hooks):
+            await hook()
+
+    # -- the request path -------------------------------------------------------------------
+
+    async def answer(self, request: pb.ModelInferRequest, deadline: float,
+                     refusal: TrtServeError | None) -> pb.ModelInferResponse:
+        """Answer one request (a unary call, a stream message or an HTTP infer request) by
+        ``deadline`` (the transport's deadline, monotonic seconds) and record its outcome once.
+
+        Raises:
+            TrtServeError: its status is the answer (``refusal``, when the in-flight gate refused
+                it: ShuttingDown or InflightFull,
+                :meth:`InflightGate.admit <trtserve.frontend.inflight.InflightGate.admit>`).
+        """
+        start = self.clock.now()
+        code, error, late = "OK", None, False
+        try:
+            if refusal is not None:
+                raise refusal
+            response, late = await self._infer(request, deadline)
+            return response
+        except TrtServeError as exc:
+            code, error = status_name(exc), exc
+            raise
+        except asyncio.CancelledError:
+            code = "UNAVAILABLE" if self.inflight.expired else "CANCELLED"
+            raise
+        except Exception:
+            code = "INTERNAL"
+            raise
+        finally:
+            seconds = self.clock.now() - start
+            name = request.model_name
+            self.engine.record(
+                name if name in self.engine.models else UNKNOWN_MODEL, code, seconds,
+                refusal=error.refusal if error is not None else None, late=late,
+            )
+            if _requests_log.isEnabledFor(logging.DEBUG):
+                _requests_log.debug(
+                    "%s %s id=%s %.3f ms",
+                    code, name, request.id, seconds * 1e3,
+                    extra={"request_id": request.id, "model": name, "status": code,
+                           "duration_ms": round(seconds * 1e3, 3)},
+                )
+
+    async def _infer(self, request: pb.ModelInferRequest, deadline: float) -> tuple[pb.ModelInferResponse, bool]:
+        model = await self.table.get(request.model_name, request.model_version)
+        spec = model.spec
+        priority, timeout, final = request_parameters(request)
+        # Shed before decoding: what cannot finish in time costs no more work here.
+        self.engine.shed(spec.name, priority, timeout, deadline, self.clock.now())
+        inputs, _rows = codec.decode_inputs(request, spec, max_elements=self.max_request_elements)
+        chosen = codec.requested_outputs(request, spec)
+        outputs, resolved, version = await model.infer(
+            inputs, version=request.model_version, priority=priority, timeout=timeout, deadline=deadline)
+        late = self.clock.now() > resolved
+        response = codec.encode_response(spec, request.id, outputs, chosen)
+        response.model_version = version  # the version that answered (across a reload, maybe a newer one)
+        if final:  # each request of a model that is not decoupled gets one response: the final one
+            response.parameters["triton_final_response"].bool_param = True
+        size = response.ByteSize()
+        if size > self.max_send_bytes:
+            raise ResponseTooLarge(
+                f"the response is {size} bytes, more than the server's maximum send size of {self.max_send_bytes} bytes"
+            )
+        return response, late
+
+
+__all__ = ["AUTO", "DEFAULT_MAX_MESSAGE_BYTES", "FrontendState"]

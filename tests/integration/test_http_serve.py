@@ -1,0 +1,175 @@
+"""``trtserve serve --allow-http true`` as a child process, one front end (in process) and two
+(the process tree): the HTTP door answers ``tritonclient.http`` as the gRPC door answers;
+SIGTERM drains it (a request admitted before the signal is answered 200, new ones are refused
+503, the process exits 0); and ``--allow-http`` with TLS stops with one sentence (exit 2).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as th
+
+from trtserve.client import Client
+from trtserve.tools.child_server import ServerProcess
+
+_HTTP_LINE = re.compile(r"trtserve HTTP on ([\d.]+):(\d+)")
+
+# A Python model that holds a request whose first value is 7 until a file exists (so the test
+# can signal while it is admitted, without guessing times); anything else is echoed at once.
+GATE = """
+    import os
+    import time
+
+
+    class Model:
+        def setup(self, config):
+            self.started = config.parameters["started"]
+            self.release = config.parameters["release"]
+
+        def predict(self, inputs):
+            x = inputs["INPUT0"]
+            if (x[:, 0] == 7).any():
+                open(self.started, "w").close()
+                end = time.monotonic() + 120  # a safety valve only: the test releases it
+                while not os.path.exists(self.release) and time.monotonic() < end:
+                    time.sleep(0.01)
+            return {"OUTPUT0": x}
+"""
+
+
+def write_gate(root: Path) -> tuple[Path, Path]:
+    started, release = root.parent / "gate.started", root.parent / "gate.release"
+    (root / "gate" / "1").mkdir(parents=True)
+    (root / "gate" / "1" / "model.py").write_text(textwrap.dedent(GATE))
+    (root / "gate" / "config.pbtxt").write_text(textwrap.dedent(f"""
+        name: "gate" backend: "python" max_batch_size: 8
+        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+        parameters {{ key: "started" value: {{ string_value: "{started}" }} }}
+        parameters {{ key: "release" value: {{ string_value: "{release}" }} }}
+    """))
+    return started, release
+
+
+@pytest.fixture
+def repo(engines, tmp_path) -> Path:
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "tiny").symlink_to(engines / "tiny", target_is_directory=True)
+    return root
+
+
+def http_url(srv: ServerProcess) -> str:
+    """The HTTP address the server printed (before its "listening on" line)."""
+    for line in list(srv.output):
+        if match := _HTTP_LINE.search(line):
+            return f"{match.group(1)}:{match.group(2)}"
+    raise AssertionError("no 'trtserve HTTP on HOST:PORT' line:\n" + "".join(srv.output))
+
+
+def request(url: str, method: str, path: str, body: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    host, port = url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        conn.request(method, path, body=body)
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def gate_body(x: np.ndarray) -> str:
+    return json.dumps({"inputs": [{"name": "INPUT0", "shape": list(x.shape), "datatype": "FP32",
+                                   "data": x.reshape(-1).tolist()}]})
+
+
+@pytest.mark.parametrize("frontends", ["1", "2"])
+def test_http_infer_and_sigterm_drain(repo, frontends):
+    started, release = write_gate(repo)
+    x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    held_x = np.array([[7.0, 0.25, -3.0]], np.float32)
+    with ServerProcess(repo, "--frontends", frontends, "--allow-http", "true", "--http-port", "0",
+                       "--grace-period", "60") as srv:
+        url = http_url(srv)
+        c = th.InferenceServerClient(url)
+        try:
+            assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("tiny")
+            assert c.get_model_metadata("tiny")["inputs"][0]["shape"] == [-1, 64]
+            tensor = th.InferInput("INPUT", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            got = c.infer("tiny", [tensor]).as_numpy("OUTPUT")
+        finally:
+            c.close()
+        with Client(srv.url) as g:
+            assert got.tobytes() == g.infer("tiny", {"INPUT": x})["OUTPUT"].tobytes()
+
+        # A request admitted (running in the model) when SIGTERM comes.
+        held: dict[str, object] = {}
+        thread = threading.Thread(target=lambda: held.update(answer=request(url, "POST", "/v2/models/gate/infer",
+                                                                               gate_body(held_x))), daemon=True)
+        thread.start()
+        end = time.monotonic() + 60
+        while not started.exists():
+            assert time.monotonic() < end and thread.is_alive(), "the held request never reached the model"
+            time.sleep(0.01)
+        os.kill(srv.pid, signal.SIGTERM)
+        try:
+            # New requests are refused 503 once the front end that takes them drains (with two,
+            # one may take a request before its signal arrives: that one is answered, and asked again).
+            refused = None
+            end = time.monotonic() + 60
+            while refused is None and time.monotonic() < end:
+                try:
+                    status, headers, body = request(url, "POST", "/v2/models/tiny/infer", json.dumps(
+                        {"inputs": [{"name": "INPUT", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}))
+                except ConnectionError:  # a front end that finished draining closed the connection
+                    continue
+                if status == 503:
+                    refused = headers, json.loads(body)
+                else:
+                    assert status == 200, body
+            assert refused is not None, "no request was refused while draining"
+            headers, doc = refused
+            assert headers.get("retry-after") == "1" and "shutting down" in doc["error"]
+            if frontends == "1":  # one door: ready drops, live stays while the held request runs
+                assert request(url, "GET", "/v2/health/ready")[0] == 503
+                assert request(url, "GET", "/v2/health/live")[0] == 200
+            assert "answer" not in held  # still held: what was admitted is being waited for
+        finally:
+            release.touch()
+        thread.join(120)
+        status, _, body = held["answer"]  # type: ignore[misc]
+        assert status == 200, body
+        assert json.loads(body)["outputs"][0]["data"] == held_x.reshape(-1).tolist()
+        exit_code = srv.proc.wait(60)
+        assert srv.output_closed.wait(30)
+    output = "".join(srv.output)
+    assert exit_code == 0, output
+    assert "Traceback" not in output, output
+
+
+def test_allow_http_with_tls_exits_2_with_one_sentence(repo, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--port", "0",
+         "--allow-http", "true", "--http-port", "0", "--tls-cert", str(tmp_path / "x.pem"),
+         "--tls-key", str(tmp_path / "y.pem")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    message = done.stderr.strip()
+    assert "\n" not in message and "Traceback" not in message, message
+    assert "TLS" in message and "--allow-http" in message, message
