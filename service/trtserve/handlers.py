@@ -7,6 +7,7 @@ A model may have ``engines/<model>/handler.py`` defining (``Tensors`` is ``dict[
         def __init__(self, model_dir: pathlib.Path, spec: trtserve.spec.ModelSpec): ...
         def preprocess(self, inputs: Tensors) -> list[Tensors] | Tensors: ...
         def postprocess(self, inputs: Tensors, outputs: list[Tensors]) -> Tensors: ...
+        def count_tokens(self, texts: list[str]) -> list[int]: ...  # optional
 
 ``preprocess`` turns one request's validated tensors into engine rows: one or more
 *segments*, each a dict of engine-input name → array with rows on axis 0 (segments may differ
@@ -16,6 +17,11 @@ rows, and returns the response tensors. Both run in the front-end processes (eve
 their CPU pool, so tokenizing request N+1 overlaps the engine running batch N. Raising
 :class:`~trtserve.errors.InvalidRequest` answers INVALID_ARGUMENT; any other exception is
 INTERNAL.
+
+``count_tokens``, optional, gives the number of tokens the model reads for each text (after the
+handler's own truncation, special tokens included): the OpenAI door's ``usage``
+(:mod:`trtserve.frontend.http.openai`), which reports 0 for a model whose handler lacks it. It
+runs on the same CPU pool, after the request is answered.
 
 The files a handler needs (a tokenizer, a vocabulary) live in the model directory, not in a
 Python package: those that belong to one version (they must match its model file) in

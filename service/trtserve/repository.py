@@ -21,6 +21,7 @@ from trtserve._proto.inference import model_config_pb2 as mc
 from trtserve.config import BatchingPolicy, QueuePolicy, TimeoutAction
 from trtserve.datatypes import BY_CONFIG_NAME
 from trtserve.handlers import HANDLER_FILE
+from trtserve.protocol.openai import embedding_io
 from trtserve.spec import ModelSpec, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -59,13 +60,15 @@ HONOURED_CONTAINERS = frozenset({
     "input", "output", "instance_group", "dynamic_batching", "version_policy", "version_policy.latest",
     "version_policy.specific",
 })
-# The ``parameters`` keys trtserve itself reads (repository, dispatcher, runtimes, warm-up).
+# The ``parameters`` keys trtserve itself reads (repository, dispatcher, runtimes, warm-up,
+# the OpenAI door: ``openai_embeddings``, :func:`trtserve.protocol.openai.embedding_io`).
 # Any other key is for the model's own code: a handler or a Python model reads it from
 # ``spec.parameters``; a model with neither would ignore it, so it is refused.
 SERVER_PARAMETERS = frozenset({
     "batching", "adaptive_batch_size", "latency_budget_us", "priority_aging_us", "length_bucketing",
     "pad_value", "split_oversized_requests", "warmup_length",
     "ort_cpu_mem_arena", "ort_mem_pattern", "ort_intra_op_spinning", "isolation",
+    "openai_embeddings",
 })
 
 
@@ -196,7 +199,7 @@ def _version_spec(config: mc.ModelConfig, model_dir: Path, version: int, path: P
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     instances = sum(max(g.count, 1) for g in config.instance_group) or 1
-    return ModelSpec(
+    spec = ModelSpec(
         name=config.name,
         version=str(version),
         platform=platform,
@@ -209,6 +212,11 @@ def _version_spec(config: mc.ModelConfig, model_dir: Path, version: int, path: P
         parameters=parameters,
         config=config,
     )
+    try:
+        embedding_io(spec)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return spec
 
 
 def fingerprint(directory: Path, *, skip_versions: bool = False) -> tuple[tuple[str, int, int], ...]:

@@ -62,6 +62,21 @@ class RestInfer:
         return self.binary_outputs.get(name, self.binary_default)
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """The JSON object of a request body.
+
+    Raises:
+        InvalidRequest (HTTP 400): not valid JSON, or not an object.
+    """
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return doc
+
+
 def parse_infer(body: bytes, header_length: int | None, model: str, version: str) -> RestInfer:
     """The infer request of ``body`` for ``model`` at ``version`` (empty: the highest served).
 
@@ -276,4 +291,4 @@ def _json_values(tensor: pb.ModelInferResponse.InferOutputTensor, data: bytes) -
     return values
 
 
-__all__ = ["HEADER_LENGTH", "RestInfer", "infer_body", "parse_infer"]
+__all__ = ["HEADER_LENGTH", "RestInfer", "infer_body", "json_object", "parse_infer"]

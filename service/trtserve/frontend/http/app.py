@@ -15,6 +15,8 @@ Routes (``{v}``: an optional ``/versions/<version>``):
 ``POST /v2/repository/index``              every model with its state
 ``POST /v2/repository/models/{m}/load``    load or reload (``{"parameters": {"config": "<JSON>"}}``)
 ``POST /v2/repository/models/{m}/unload``  unload
+``POST /v1/embeddings``                    OpenAI embeddings (:mod:`.openai`)
+``GET /v1/models``                         the models that answer ``/v1/embeddings``
 =========================================  ===================================================
 
 Errors are ``{"error": "<sentence>"}`` with the HTTP status of the error's class
@@ -22,7 +24,8 @@ Errors are ``{"error": "<sentence>"}`` with the HTTP status of the error's class
 invalid, 404 unknown model or route, 413 a body over the limit, 429 with ``Retry-After`` for
 overload and full queues, 501 unimplemented, 503 not ready or draining, 504 deadline. A
 request's deadline is its ``timeout`` parameter (µs) or the :data:`TIMEOUT_HEADER` header (µs),
-the earlier of the two, and the model's default.
+the earlier of the two, and the model's default. Under ``/v1/`` errors take OpenAI's shape
+(:func:`.openai.error_body`) with the same statuses.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import hmac
 import re
 import zlib
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from google.protobuf import json_format
@@ -40,9 +43,11 @@ from google.protobuf import json_format
 from trtserve import __version__
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.errors import InvalidRequest, TrtServeError
+from trtserve.frontend.http.openai import PREFIX, OpenAIRoutes, error_body
 from trtserve.frontend.inflight import GRACE_EXPIRED
 from trtserve.frontend.state import FrontendState
 from trtserve.frontend.status import status_name
+from trtserve.pipeline import FrontendModel
 from trtserve.protocol import rest
 
 EXTENSIONS = ["model_configuration", "parameters", "schedule_policy", "statistics", "binary_tensor_data"]
@@ -69,6 +74,8 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(r"/v2/repository/index"), "repository_index"),
     ("POST", re.compile(r"/v2/repository/models/(?P<model>[^/]+)/load"), "load"),
     ("POST", re.compile(r"/v2/repository/models/(?P<model>[^/]+)/unload"), "unload"),
+    ("POST", re.compile(r"/v1/embeddings"), "embeddings"),
+    ("GET", re.compile(r"/v1/models"), "models"),
 ]
 _OPEN = ("live", "ready")  # routes open without the token unless protect_health
 _UNIMPLEMENTED = re.compile(r"/v2/(systemsharedmemory|cudasharedmemory|trace|logging)(/.*)?")
@@ -76,6 +83,7 @@ _JSON = [(b"content-type", b"application/json")]
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
+T = TypeVar("T")
 
 
 class HttpError(Exception):
@@ -103,6 +111,7 @@ class RestApp:
         self.max_body_bytes = max_body_bytes
         self._token = f"Bearer {auth_token}".encode() if auth_token else None
         self._auth_health = auth_health
+        self._openai = OpenAIRoutes(state, self.gated)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -117,15 +126,12 @@ class RestApp:
                                     ((b"www-authenticate", b"Bearer"),))
             body = await self._body(receive, headers)
             status, extra, payload = await getattr(self, "_" + name)(match, body, headers)
-        except TrtServeError as exc:
-            status, extra, payload = _error(HTTP_STATUS[status_name(exc)], str(exc))
-        except HttpError as exc:
-            status, extra, payload = _error(exc.status, str(exc))
-            extra.extend(exc.headers)
+        except (TrtServeError, HttpError) as exc:
+            status, extra, payload = _failure(exc, scope["path"])
         except asyncio.CancelledError:
             if not self.state.inflight.expired:
                 raise
-            status, extra, payload = _error(503, GRACE_EXPIRED)
+            status, extra, payload = _failure(HttpError(503, GRACE_EXPIRED), scope["path"])
         await send({"type": "http.response.start", "status": status,
                     "headers": [*extra, (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
@@ -143,7 +149,8 @@ class RestApp:
         if _UNIMPLEMENTED.fullmatch(path):
             raise HttpError(501, f"{path} is not implemented: trtserve has no shared-memory, trace or log-settings "
                                  f"extension (its log settings are fixed at start)")
-        raise HttpError(404, f"no route {method} {path} (the KServe v2 REST routes are under /v2)")
+        raise HttpError(404, f"no route {method} {path} (the KServe v2 REST routes are under /v2, the OpenAI ones "
+                             f"under /v1)")
 
     async def _body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
         declared = headers.get(b"content-length")
@@ -226,7 +233,7 @@ class RestApp:
 
     async def _repository_index(self, match: re.Match[str], body: bytes,
                                 headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
-        ready = bool(_json(body).get("ready", False)) if body else False
+        ready = bool(rest.json_object(body).get("ready", False)) if body else False
         index = pb.RepositoryIndexResponse.FromString(await self.state.engine.repository_index(ready))
         return _ok([{"name": m.name, "version": m.version, "state": m.state, "reason": m.reason}
                     for m in index.models])
@@ -245,8 +252,45 @@ class RestApp:
     # -- inference --------------------------------------------------------------------------
 
     async def _infer(self, match: re.Match[str], body: bytes, headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
-        """One request through the front end's gate and request path
-        (:meth:`FrontendState.answer <trtserve.frontend.state.FrontendState.answer>`)."""
+        """A KServe infer request, through :meth:`gated`."""
+
+        def build(model: FrontendModel) -> tuple[pb.ModelInferRequest, rest.RestInfer]:
+            parsed = _parse(body, headers, match["model"], match["version"] or "")
+            return parsed.request, parsed
+
+        response, parsed = await self.gated(headers, match["model"], match["version"] or "", build)
+        payload, head = rest.infer_body(response, parsed)
+        extra = list(_JSON) if head is None else [
+            (b"content-type", b"application/octet-stream"), (rest.HEADER_LENGTH.encode(), str(head).encode())]
+        return 200, extra, payload
+
+    async def _embeddings(self, match: re.Match[str], body: bytes,
+                          headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
+        return await self._openai.embeddings(body, headers)
+
+    async def _models(self, match: re.Match[str], body: bytes, headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
+        return await self._openai.models(body, headers)
+
+    async def gated(self, headers: dict[bytes, bytes], model: str, version: str,
+                    build: Callable[[FrontendModel], tuple[pb.ModelInferRequest, T]],
+                    ) -> tuple[pb.ModelInferResponse, T]:
+        """One inference request of either API through the front end's in-flight gate (admitted,
+        tracked for the drain, released) and request path
+        (:meth:`FrontendState.answer <trtserve.frontend.state.FrontendState.answer>`).
+
+        Args:
+            headers: the request's headers (its deadline: :data:`TIMEOUT_HEADER`).
+            model, version: the model asked for (version empty: the highest served); an
+                unknown one is refused 404 before ``build`` runs.
+            build: the request for the served model, and what the caller needs to answer it;
+                a TrtServeError it raises is the answer, counted as a decoding failure is.
+
+        Returns:
+            The response, and the second item ``build`` returned.
+
+        Raises:
+            TrtServeError: the refusal (the gate's, ``build``'s or the request path's).
+        """
         state = self.state
         now = state.clock.now()
         task = asyncio.current_task()
@@ -258,20 +302,16 @@ class RestApp:
             deadline = float("inf")
             try:
                 deadline = _deadline(headers, now)
-                await state.table.get(match["model"], match["version"] or "")  # an unknown model is 404 first
-                parsed = _parse(body, headers, match["model"], match["version"] or "")
-                request = parsed.request
+                served = await state.table.get(model, version)  # an unknown model is 404 first
+                request, built = build(served)
             except TrtServeError as exc:  # answered, and counted, as a decoding failure is
-                request = pb.ModelInferRequest(model_name=match["model"], model_version=match["version"] or "")
+                request = pb.ModelInferRequest(model_name=model, model_version=version)
                 refusal = refusal or exc
             response = await state.answer(request, deadline, refusal)
         finally:
             if admitted:
                 state.inflight.release(task)
-        payload, head = rest.infer_body(response, parsed)
-        extra = list(_JSON) if head is None else [
-            (b"content-type", b"application/octet-stream"), (rest.HEADER_LENGTH.encode(), str(head).encode())]
-        return 200, extra, payload
+        return response, built
 
 
 def _parse(body: bytes, headers: dict[bytes, bytes], model: str, version: str) -> rest.RestInfer:
@@ -292,18 +332,8 @@ def _deadline(headers: dict[bytes, bytes], now: float) -> float:
     return now + int(value) / 1e6
 
 
-def _json(body: bytes) -> dict[str, Any]:
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    return doc
-
-
 def _parameters(body: bytes) -> dict[str, Any]:
-    params = _json(body).get("parameters", {}) if body else {}
+    params = rest.json_object(body).get("parameters", {}) if body else {}
     if not isinstance(params, dict):
         raise InvalidRequest("'parameters' must be a JSON object")
     return params
@@ -323,6 +353,18 @@ def _numbers(doc: Any, key: str = "") -> Any:
 
 def _ok(doc: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     return 200, list(_JSON), orjson.dumps(doc)
+
+
+def _failure(exc: TrtServeError | HttpError, path: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The answer to a refusal: its status and headers, the body in the shape of the path's API."""
+    if isinstance(exc, HttpError):
+        status, headers = exc.status, list(exc.headers)
+    else:
+        status, headers = HTTP_STATUS[status_name(exc)], []
+    status, extra, payload = _error(status, str(exc))
+    if path.startswith(PREFIX):
+        payload = error_body(status, exc)
+    return status, extra + headers, payload
 
 
 def _error(status: int, message: str, *, retry: bool = True) -> tuple[int, list[tuple[bytes, bytes]], bytes]:

@@ -1,0 +1,170 @@
+"""The OpenAI embeddings API as the gRPC ``ModelInferRequest`` / ``ModelInferResponse`` it
+stands for, and a model's declaration that it answers that API.
+
+A model declares it in its config.pbtxt (:data:`PARAMETER`)::
+
+    parameters { key: "openai_embeddings" value: { string_value: "TEXT:EMBEDDING" } }
+
+naming its text input (BYTES, dims ``[1]``: one string per row) and its embedding output (FP32,
+one fixed dim: the embedding's length). The request body ``{"model", "input": str | [str],
+"encoding_format"?: "float" | "base64", "dimensions"?, "user"?}`` becomes one request of
+shape ``[n, 1]`` BYTES, a row per string in order; the answer's rows become
+``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
+"usage"}``, each embedding a list of numbers or (``base64``) the base64 of its little-endian
+float32 bytes. Nothing in the body is accepted and ignored but ``user``, an opaque string the
+caller may send for its own tracing.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+
+from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve.errors import InvalidRequest
+from trtserve.protocol.codec import encode_bytes
+from trtserve.spec import ModelSpec
+
+PARAMETER = "openai_embeddings"
+"""The config.pbtxt ``parameters`` key: ``"<text input>:<embedding output>"``."""
+FORMATS = ("float", "base64")
+_F32 = np.dtype("<f4")  # FP32 on the wire: little-endian
+_FIELDS = ("model", "input", "encoding_format", "dimensions", "user")
+
+
+class BadField(InvalidRequest):
+    """An invalid body field (HTTP 400); ``param`` names it, as OpenAI's error ``param`` does."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def embedding_io(spec: ModelSpec) -> tuple[str, str] | None:
+    """The (text input, embedding output) names a model declares in :data:`PARAMETER`, or
+    ``None`` when it declares none.
+
+    Raises:
+        ValueError: the value is not ``"<input>:<output>"``, a tensor it names does not exist,
+            the input is not BYTES with dims ``[1]``, the output not FP32 with one fixed dim,
+            the model does not batch (``max_batch_size`` 0), or another input is required.
+    """
+    value = spec.parameters.get(PARAMETER)
+    if value is None:
+        return None
+    where = f"parameters {PARAMETER} '{value}'"
+    name_in, sep, name_out = value.partition(":")
+    if not sep or not name_in or not name_out:
+        raise ValueError(f"{where} must be '<text input>:<embedding output>', e.g. 'TEXT:EMBEDDING'")
+    inputs = {t.name: t for t in spec.inputs}
+    outputs = {t.name: t for t in spec.outputs}
+    if name_in not in inputs:
+        raise ValueError(f"{where}: the model has no input '{name_in}' (its inputs: {', '.join(inputs)})")
+    if name_out not in outputs:
+        raise ValueError(f"{where}: the model has no output '{name_out}' (its outputs: {', '.join(outputs)})")
+    text, embedding = inputs[name_in], outputs[name_out]
+    if text.datatype.name != "BYTES" or text.dims != (1,):
+        raise ValueError(f"{where}: input '{name_in}' must be TYPE_STRING with dims [ 1 ] (one string per row), "
+                         f"it is {text.datatype.name} {list(text.dims)}")
+    if embedding.datatype.name != "FP32" or len(embedding.dims) != 1 or embedding.dims[0] < 1:
+        raise ValueError(f"{where}: output '{name_out}' must be TYPE_FP32 with one fixed dim (the embedding's "
+                         f"length), it is {embedding.datatype.name} {list(embedding.dims)}")
+    if not spec.batched:
+        raise ValueError(f"{where}: the model must batch (max_batch_size >= 1): each string is one row")
+    required = [t.name for t in spec.inputs if t.name != name_in and not t.optional]
+    if required:
+        raise ValueError(f"{where}: the model also requires input(s) {', '.join(required)}, which an "
+                         f"embeddings request cannot send")
+    return name_in, name_out
+
+
+def dimension(spec: ModelSpec, output: str) -> int:
+    """The length of each embedding ``output`` gives (its one dim, fixed by :func:`embedding_io`)."""
+    return next(t for t in spec.outputs if t.name == output).dims[0]
+
+
+def model_of(doc: dict[str, Any]) -> str:
+    """The model a request body asks for.
+
+    Raises:
+        BadField (HTTP 400): no ``model``, or not a string.
+    """
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadField("model", "'model' must be the name of a served model")
+    return model
+
+
+def parse_embeddings(doc: dict[str, Any]) -> tuple[list[str], str, int | None]:
+    """(texts, encoding format, dimensions asked for or None) of a request body.
+
+    Raises:
+        BadField (HTTP 400): an unknown field; ``input`` missing, empty, an empty string,
+            token ids (integers), or not a string or list of strings; ``encoding_format`` other
+            than float or base64; ``dimensions`` not a positive integer; ``user`` not a string.
+    """
+    unknown = sorted(set(doc) - set(_FIELDS))
+    if unknown:
+        raise BadField(unknown[0], f"unknown field(s) {', '.join(unknown)}: trtserve reads {', '.join(_FIELDS)}")
+    texts = _texts(doc.get("input"))
+    encoding = doc.get("encoding_format") or "float"
+    if encoding not in FORMATS:
+        raise BadField("encoding_format", f"encoding_format must be 'float' or 'base64', got {encoding!r}")
+    dimensions = doc.get("dimensions")
+    if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
+        raise BadField("dimensions", f"dimensions must be a positive integer, got {dimensions!r}")
+    if not isinstance(doc.get("user", ""), str):
+        raise BadField("user", "user must be a string")
+    return texts, encoding, dimensions
+
+
+def _texts(value: Any) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if isinstance(items, list) and items and all(_token_ids(v) for v in items):
+        raise BadField("input", "token ids are not supported, send text (a string or a list of strings)")
+    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+        raise BadField("input", "input must be a string or a list of strings")
+    if not items:
+        raise BadField("input", "input is an empty list: send at least one string")
+    empty = next((i for i, v in enumerate(items) if not v), None)
+    if empty is not None:
+        raise BadField("input", f"input[{empty}] is an empty string: each input must have text")
+    return items
+
+
+def _token_ids(value: Any) -> bool:
+    """An integer, or a list of integers (one tokenized input)."""
+    if isinstance(value, list):
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def infer_request(model: str, text_input: str, output: str, texts: list[str]) -> pb.ModelInferRequest:
+    """The request of ``texts`` to ``model``'s highest version: input ``text_input`` of shape
+    ``[len(texts), 1]`` BYTES (UTF-8), asking for ``output`` only."""
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name=text_input, datatype="BYTES", shape=[len(texts), 1])
+    request.outputs.add(name=output)
+    request.raw_input_contents.append(encode_bytes(texts))
+    return request
+
+
+def embeddings_body(response: pb.ModelInferResponse, output: str, encoding: str,
+                    tokens: list[int]) -> dict[str, Any]:
+    """The embeddings answer of ``response`` (its ``output``, FP32 ``[n, dim]``), each row
+    ``encoding`` ("float" or "base64"); ``tokens`` the token count of each input, for ``usage``."""
+    index = [o.name for o in response.outputs].index(output)
+    shape = tuple(response.outputs[index].shape)
+    rows = np.frombuffer(response.raw_output_contents[index], _F32).reshape(shape)
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(row.tobytes()).decode() if encoding == "base64" else row.tolist()}
+            for i, row in enumerate(rows)]
+    total = sum(tokens)
+    return {"object": "list", "data": data, "model": response.model_name,
+            "usage": {"prompt_tokens": total, "total_tokens": total}}
+
+
+__all__ = ["FORMATS", "PARAMETER", "BadField", "dimension", "embedding_io", "embeddings_body", "infer_request",
+           "model_of", "parse_embeddings"]
