@@ -18,12 +18,29 @@ from pathlib import Path
 
 from trtserve.client import AUTH_TOKEN_ENV, read_token_file
 from trtserve.engine.lifecycle import DEFAULT_POLL_SECS, ControlMode, LifecycleConfig
+from trtserve.frontend.grpc.server import Keepalive
 from trtserve.frontend.grpc.service import DEFAULT_STREAM_INFLIGHT
 from trtserve.frontend.state import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger("trtserve")
 
 ENV_PREFIX = "TRTSERVE_"
+_KEEPALIVE = Keepalive()
+KEEPALIVE_FLAGS = (
+    # flag, default, meaning: one per Keepalive field, in its order
+    ("--grpc-keepalive-time", _KEEPALIVE.time_ms, "how often the server pings an idle connection, ms"),
+    ("--grpc-keepalive-timeout", _KEEPALIVE.timeout_ms, "how long a ping may go unanswered before the connection "
+                                                          "closes, ms"),
+    ("--grpc-keepalive-permit-without-calls", _KEEPALIVE.permit_without_calls,
+     "accept and send pings on a connection with no call in progress"),
+    ("--grpc-http2-max-pings-without-data", _KEEPALIVE.max_pings_without_data,
+     "pings the server may send with no data in between (0: any number)"),
+    ("--grpc-http2-min-recv-ping-interval-without-data", _KEEPALIVE.min_recv_ping_interval_without_data_ms,
+     "the shortest interval between client pings accepted while no data flows, ms; a faster one is a strike "
+     "(gRPC's own default is 300000, which ends calls of clients that ping every 10 s)"),
+    ("--grpc-http2-max-ping-strikes", _KEEPALIVE.max_ping_strikes,
+     "strikes before the server ends the connection with GOAWAY 'too many pings' (0: never)"),
+)
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
@@ -132,6 +149,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
                             f"(else ${AUTH_TOKEN_ENV}, if set)")
     serve.add_argument("--auth-health", action="store_true",
                        help="require the token for health checking and reflection too (default: they stay open)")
+    keepalive = serve.add_argument_group("gRPC keepalive and ping policy (Triton's flags; times in ms)")
+    for flag, default, meaning in KEEPALIVE_FLAGS:
+        kind = _boolean if isinstance(default, bool) else int
+        keepalive.add_argument(flag, type=kind, default=default, metavar="true|false" if kind is _boolean else "N",
+                               help=f"{meaning} (default: {str(default).lower()})")
     serve.add_argument("--model-control-mode", choices=[m.value for m in ControlMode],
                        default=ControlMode.NONE.value,
                        help="none: every model loaded at start, no changes; poll: the repository is rescanned every "
@@ -230,6 +252,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         security = _security(args)
         lifecycle = _lifecycle(args)
+        keepalive = _keepalive(args)
     except ValueError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)
         return 2
@@ -246,6 +269,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             stream_inflight=args.stream_inflight,
             max_request_elements=args.max_request_elements or None,
             max_inflight_rpcs=inflight,
+            keepalive=keepalive,
             **security,
         ),
         cpu_workers=args.cpu_workers,
@@ -258,6 +282,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lifecycle=lifecycle,
     )
     return serve(config)
+
+
+def _keepalive(args: argparse.Namespace) -> Keepalive:
+    """The keepalive policy from the ``--grpc-keepalive-*`` and ``--grpc-http2-*`` flags.
+
+    Raises:
+        ValueError: a time that is not > 0 or a count < 0 (the message names it).
+    """
+    return Keepalive(*(getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in KEEPALIVE_FLAGS))
 
 
 def _lifecycle(args: argparse.Namespace) -> LifecycleConfig:

@@ -1,10 +1,12 @@
 """One front end's ``grpc.aio`` server: the inference, ModelControl, health and reflection
 services on one port, shared with the other front ends (SO_REUSEPORT: the kernel spreads
-*connections* over them; every request of one HTTP/2 connection stays in one front end)."""
+*connections* over them; every request of one HTTP/2 connection stays in one front end), and
+its keepalive and ping policy (:class:`Keepalive`)."""
 
 from __future__ import annotations
 
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -20,6 +22,52 @@ from trtserve.frontend.state import AUTO, DEFAULT_MAX_MESSAGE_BYTES, FrontendSta
 from trtserve.ipc.engine import Engine
 
 CONTROL_SERVICE_NAME = control_pb2.DESCRIPTOR.services_by_name["ModelControl"].full_name
+
+
+@dataclass(frozen=True)
+class Keepalive:
+    """HTTP/2 keepalive and the ping policy of the gRPC server (Triton's ``--grpc-keepalive-*``
+    and ``--grpc-http2-*`` flags; times in ms). The defaults accept client pings every 5 s or
+    more, with or without a call in progress, so a client or load balancer that pings every
+    10 s keeps long calls and idle streams open (gRPC's own default refuses pings more often
+    than every 5 minutes without data: after ``max_ping_strikes`` it ends every call on the
+    connection UNAVAILABLE "Too many pings").
+
+    Attributes:
+        time_ms: how often the server pings an idle connection.
+        timeout_ms: how long it waits for the ping's answer before closing the connection.
+        permit_without_calls: accept (and send) pings on a connection with no call in progress.
+        max_pings_without_data: pings the server may send without data in between (0: any number).
+        min_recv_ping_interval_without_data_ms: the shortest interval between client pings it
+            accepts while no data is sent; a faster ping is a strike.
+        max_ping_strikes: strikes before the server ends the connection (GOAWAY; 0: never).
+    """
+
+    time_ms: int = 7_200_000
+    timeout_ms: int = 20_000
+    permit_without_calls: bool = True
+    max_pings_without_data: int = 0
+    min_recv_ping_interval_without_data_ms: int = 5_000
+    max_ping_strikes: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("time_ms", "timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"keepalive {name} must be > 0 ms, got {getattr(self, name)}")
+        for name in ("max_pings_without_data", "min_recv_ping_interval_without_data_ms", "max_ping_strikes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"keepalive {name} must be >= 0, got {getattr(self, name)}")
+
+    def options(self) -> list[tuple[str, int]]:
+        """The ``grpc.aio.server`` channel arguments."""
+        return [
+            ("grpc.keepalive_time_ms", self.time_ms),
+            ("grpc.keepalive_timeout_ms", self.timeout_ms),
+            ("grpc.keepalive_permit_without_calls", int(self.permit_without_calls)),
+            ("grpc.http2.max_pings_without_data", self.max_pings_without_data),
+            ("grpc.http2.min_ping_interval_without_data_ms", self.min_recv_ping_interval_without_data_ms),
+            ("grpc.http2.max_ping_strikes", self.max_ping_strikes),
+        ]
 
 
 async def start_frontend(
@@ -38,6 +86,7 @@ async def start_frontend(
     tls: TlsConfig | None = None,
     auth_token: str | None = None,
     auth_health: bool = False,
+    keepalive: Keepalive | None = None,
 ) -> tuple[grpc.aio.Server, InferenceService, int]:
     """Start a front end's ``grpc.aio`` server on ``host:port`` (0: an ephemeral port).
 
@@ -63,6 +112,7 @@ async def start_frontend(
         tls: serve TLS (mutual TLS when it has a client CA) instead of plaintext.
         auth_token: require ``authorization: Bearer <token>`` on every call, except health
             checking and reflection unless ``auth_health``.
+        keepalive: the keepalive and ping policy (default :class:`Keepalive`'s).
 
     Raises:
         RuntimeError: the address cannot be bound.
@@ -76,6 +126,7 @@ async def start_frontend(
         ("grpc.max_receive_message_length", max_receive_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 1 if reuse_port else 0),
+        *(keepalive or Keepalive()).options(),
     ]
     interceptors = [BearerTokenInterceptor(auth_token, protect_health=auth_health)] if auth_token else []
     state = FrontendState(engine, clock, pool, max_send_bytes=max_message_bytes,
