@@ -25,6 +25,7 @@ from trtserve.frontend.state import DEFAULT_MAX_MESSAGE_BYTES
 log = logging.getLogger("trtserve")
 
 ENV_PREFIX = "TRTSERVE_"
+DEFAULT_HTTP_PORT = 8000
 _KEEPALIVE = Keepalive()
 KEEPALIVE_FLAGS = (
     # flag, default, meaning: one per Keepalive field, in its order
@@ -109,7 +110,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--allow-http", type=_boolean, default=False, metavar="true|false",
                        help="also serve the KServe v2 REST API (HTTP/1.1, JSON and the binary tensor extension) on "
                             "--http-port, over the same models, gate and drain (default: false)")
-    serve.add_argument("--http-port", type=int, default=8000,
+    serve.add_argument("--http-port", type=int, default=None,
                        help="HTTP port with --allow-http true (default: 8000; 0 picks a free one)")
     serve.add_argument("--frontends", default="auto",
                        help="gRPC front-end processes sharing the port (SO_REUSEPORT; each client connection "
@@ -222,7 +223,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)
         return 2
-    for flag, value in (("--port", args.port), ("--http-port", args.http_port)):
+    if args.http_port is not None and not args.allow_http:
+        print(f"trtserve serve: --http-port {args.http_port} needs --allow-http true (the HTTP door is off)",
+              file=sys.stderr)
+        return 2
+    http_port = DEFAULT_HTTP_PORT if args.http_port is None else args.http_port
+    for flag, value in (("--port", args.port), ("--http-port", http_port)):
         if not 0 <= value <= 65535:
             print(f"trtserve serve: {flag} must be in 0..65535 (0: a free one), got {value}", file=sys.stderr)
             return 2
@@ -260,7 +266,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         repository=args.model_repository,
         host=args.host,
         port=args.port,
-        http_port=args.http_port if args.allow_http else None,
+        http_port=http_port if args.allow_http else None,
         frontends=frontends,
         grace=args.grace_period,
         frontend=dict(

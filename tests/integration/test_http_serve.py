@@ -173,3 +173,31 @@ def test_allow_http_with_tls_exits_2_with_one_sentence(repo, tmp_path):
     message = done.stderr.strip()
     assert "\n" not in message and "Traceback" not in message, message
     assert "TLS" in message and "--allow-http" in message, message
+
+
+def test_an_http_port_without_the_http_door_exits_2_with_one_sentence(repo):
+    done = subprocess.run(
+        [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--port", "0",
+         "--http-port", "8123"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    message = done.stderr.strip()
+    assert "\n" not in message and "--http-port 8123 needs --allow-http true" in message, message
+
+
+def test_an_http_port_in_use_exits_2_naming_it(repo):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--port", "0",
+             "--allow-http", "true", "--http-port", str(port), "--frontends", "1"],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"cannot listen on 127.0.0.1:{port} (HTTP)" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

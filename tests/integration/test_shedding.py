@@ -203,8 +203,9 @@ def test_the_automatic_inflight_bound_is_capacity_times_the_default_timeout(make
 
 
 def test_the_automatic_inflight_bound_of_bounded_queues_refuses_the_rest(make_server, tmp_path):
-    # No default timeout, but a queue of 2: 2 queued and 1 running are all worth holding.
-    write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=500, dynamic="default_queue_policy { max_queue_size: 2 }")
+    # No default timeout, but a queue of 2: 2 queued and 1 running are all worth holding. A batch
+    # takes 3 s, so the three calls are in progress together even on a loaded machine.
+    write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=3000, dynamic="default_queue_policy { max_queue_size: 2 }")
     srv = make_server(tmp_path, frontends=1, max_inflight_rpcs="auto")
     assert wait_for(lambda: srv.service.inflight.limit == 3, 10)
     with srv.client() as c, ThreadPoolExecutor(3) as pool:

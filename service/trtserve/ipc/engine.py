@@ -140,8 +140,8 @@ class EngineView(EngineQueries):
         info = self.models.get(name)
         if info is None:
             raise ModelNotFound(
-                f"unknown model '{name}': the server serves no such model now (RepositoryIndex lists "
-                "the repository's models with their state, e.g. 'not loaded')"
+                f"unknown model '{name}': the server serves no such model now (RepositoryIndex, or "
+                "POST /v2/repository/index over HTTP, lists the repository's models with their state)"
             )
         return info
 

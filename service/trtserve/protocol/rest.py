@@ -90,6 +90,9 @@ def parse_infer(body: bytes, header_length: int | None, model: str, version: str
             both or neither of ``data`` and ``binary_data_size``.
     """
     if header_length is None:
+        if not body:
+            raise InvalidRequest("the request body is empty: send the infer request as JSON (inputs, and outputs "
+                                 "if you choose them)")
         header_length = len(body)
     if not 0 < header_length <= len(body):
         raise InvalidRequest(f"Inference-Header-Content-Length is {header_length}; the body has {len(body)} bytes "

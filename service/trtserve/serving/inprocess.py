@@ -29,8 +29,14 @@ async def serve_in_process(config: ServeConfig) -> int:
     pool = ThreadPoolExecutor(config.cpu_workers, thread_name_prefix="cpu")
     # Listen first, load second: while models load, health says NOT_SERVING, ServerReady
     # false and ServerLive true, instead of a refused connection.
-    doors = await open_doors(engine, MonotonicClock(), pool, host=config.host, port=config.port,
-                             http_port=config.http_port, **config.frontend)
+    try:
+        doors = await open_doors(engine, MonotonicClock(), pool, host=config.host, port=config.port,
+                                 http_port=config.http_port, **config.frontend)
+    except RuntimeError as exc:  # a port in use: one line, exit 2, as every other start-up refusal
+        log.error("%s", exc)
+        await core.aclose()
+        pool.shutdown(wait=False)
+        return 2
     port = doors.grpc_port
     announce = announcer(config)
     announce(f"trtserve bound {config.host}:{port}, loading models")
