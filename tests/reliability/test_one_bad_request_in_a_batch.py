@@ -39,7 +39,10 @@ def srv(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("c13")
     window = {"dynamic": "max_queue_delay_microseconds: 2000000", "batching": "fixed"}
-    write_identity(root, "identity_fp32", "FP32", (-1,), dynamic=window["dynamic"], parameters={"batching": "fixed"})
+    # The eight requests of a case fill a batch, which goes at once when full; the 6 s window only
+    # waits for a late one (an 18 MB request decoded on a loaded machine) and for the cases of 7.
+    write_identity(root, "identity_fp32", "FP32", (-1,), dynamic="max_queue_delay_microseconds: 6000000",
+                   parameters={"batching": "fixed"})
     write_probe(root, "slowid", batch_ms=300, **window)
     with ServerThread(root, max_message_bytes=16 * MIB, max_receive_bytes=64 * MIB) as s:
         yield s
