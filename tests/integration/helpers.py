@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import textwrap
+import time
 import urllib.request
 from pathlib import Path
 
@@ -87,3 +88,50 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for_file(path: Path, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} did not appear in {timeout} s"
+        time.sleep(0.01)
+
+
+# A Python model that holds a request whose first value is 7 until a file exists (so a test
+# can drain or signal while it is admitted, without guessing times); anything else is echoed at once.
+GATE = """
+    import os
+    import time
+
+
+    class Model:
+        def setup(self, config):
+            self.started = config.parameters["started"]
+            self.release = config.parameters["release"]
+
+        def predict(self, inputs):
+            x = inputs["INPUT0"]
+            if (x[:, 0] == 7).any():
+                open(self.started, "w").close()
+                end = time.monotonic() + 120  # a safety valve only: the test releases it
+                while not os.path.exists(self.release) and time.monotonic() < end:
+                    time.sleep(0.01)
+            return {"OUTPUT0": x}
+"""
+
+
+def write_gate(root: Path, name: str = "gate") -> tuple[Path, Path]:
+    """The gate model in ``root``; returns (the file it makes when a held request starts,
+    the file that releases it)."""
+    started, release = root.parent / f"{name}.started", root.parent / f"{name}.release"
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / "model.py").write_text(textwrap.dedent(GATE))
+    (root / name / "config.pbtxt").write_text(textwrap.dedent(f"""
+        name: "{name}" backend: "python" max_batch_size: 8
+        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+        parameters {{ key: "started" value: {{ string_value: "{started}" }} }}
+        parameters {{ key: "release" value: {{ string_value: "{release}" }} }}
+    """))
+    return started, release

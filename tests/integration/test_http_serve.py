@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -22,48 +21,11 @@ import numpy as np
 import pytest
 import tritonclient.http as th
 
+from integration.helpers import write_gate
 from trtserve.client import Client
 from trtserve.tools.child_server import ServerProcess
 
 _HTTP_LINE = re.compile(r"trtserve HTTP on ([\d.]+):(\d+)")
-
-# A Python model that holds a request whose first value is 7 until a file exists (so the test
-# can signal while it is admitted, without guessing times); anything else is echoed at once.
-GATE = """
-    import os
-    import time
-
-
-    class Model:
-        def setup(self, config):
-            self.started = config.parameters["started"]
-            self.release = config.parameters["release"]
-
-        def predict(self, inputs):
-            x = inputs["INPUT0"]
-            if (x[:, 0] == 7).any():
-                open(self.started, "w").close()
-                end = time.monotonic() + 120  # a safety valve only: the test releases it
-                while not os.path.exists(self.release) and time.monotonic() < end:
-                    time.sleep(0.01)
-            return {"OUTPUT0": x}
-"""
-
-
-def write_gate(root: Path) -> tuple[Path, Path]:
-    started, release = root.parent / "gate.started", root.parent / "gate.release"
-    (root / "gate" / "1").mkdir(parents=True)
-    (root / "gate" / "1" / "model.py").write_text(textwrap.dedent(GATE))
-    (root / "gate" / "config.pbtxt").write_text(textwrap.dedent(f"""
-        name: "gate" backend: "python" max_batch_size: 8
-        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-        instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-        parameters {{ key: "started" value: {{ string_value: "{started}" }} }}
-        parameters {{ key: "release" value: {{ string_value: "{release}" }} }}
-    """))
-    return started, release
-
 
 @pytest.fixture
 def repo(engines, tmp_path) -> Path:
