@@ -38,3 +38,18 @@ def test_draining_refuses_with_unavailable_before_the_bound():
     admission.limit = 0
     admission.begin_drain()
     assert isinstance(admission.admit(), ShuttingDown) and admission.active == 0
+
+
+def test_a_held_request_is_released_once_however_its_block_ends():
+    gate = InflightGate()
+    gate.limit = 1
+    try:
+        with gate.held(None) as refusal:
+            assert refusal is None and gate.active == 1
+            with gate.held(None) as second:  # over the bound: refused, and never released
+                assert isinstance(second, InflightFull) and gate.active == 1
+            assert gate.active == 1
+            raise RuntimeError("the handler failed")
+    except RuntimeError:
+        pass
+    assert gate.active == 0

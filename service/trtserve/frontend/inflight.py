@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from trtserve.errors import InflightFull, ShuttingDown, TrtServeError
@@ -66,6 +67,22 @@ class InflightGate:
         if self.on_change is not None:
             self.on_change(self.active)
         return None
+
+    @contextmanager
+    def held(self, task: asyncio.Task[Any] | None) -> Iterator[TrtServeError | None]:
+        """Admit one request, answered by ``task``, for the duration of the block.
+
+        Yields the refusal (:meth:`admit`), or None when admitted: then the request is tracked
+        for the drain and released exactly once when the block ends, however it ends.
+        """
+        refusal = self.admit()
+        if refusal is None and task is not None:
+            self.track(task)
+        try:
+            yield refusal
+        finally:
+            if refusal is None:
+                self.release(task)
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """``task`` answers an admitted request: cancel it if the grace runs out."""

@@ -193,21 +193,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         """One request (:meth:`answer`), counted by the in-flight gate; a call still running
         when the drain's grace runs out is answered UNAVAILABLE."""
-        task = asyncio.current_task()
-        refusal = self.inflight.admit()
-        admitted = refusal is None
-        if admitted and task is not None:
-            self.inflight.track(task)
-        try:
-            return await self._call(context, self.answer, request, self.deadline_of(context), refusal)
-        except asyncio.CancelledError:
-            if not self.inflight.expired:
-                raise
-            await context.abort(grpc.StatusCode.UNAVAILABLE, GRACE_EXPIRED)
-            raise  # not reached: abort raises
-        finally:
-            if admitted:
-                self.inflight.release(task)
+        with self.inflight.held(asyncio.current_task()) as refusal:
+            try:
+                return await self._call(context, self.answer, request, self.deadline_of(context), refusal)
+            except asyncio.CancelledError:
+                if not self.inflight.expired:
+                    raise
+                await context.abort(grpc.StatusCode.UNAVAILABLE, GRACE_EXPIRED)
+                raise  # not reached: abort raises
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any

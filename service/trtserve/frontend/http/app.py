@@ -293,12 +293,7 @@ class RestApp:
         """
         state = self.state
         now = state.clock.now()
-        task = asyncio.current_task()
-        refusal = state.inflight.admit()
-        admitted = refusal is None
-        if admitted and task is not None:
-            state.inflight.track(task)
-        try:
+        with state.inflight.held(asyncio.current_task()) as refusal:
             deadline = float("inf")
             try:
                 deadline = _deadline(headers, now)
@@ -308,9 +303,6 @@ class RestApp:
                 request = pb.ModelInferRequest(model_name=model, model_version=version)
                 refusal = refusal or exc
             response = await state.answer(request, deadline, refusal)
-        finally:
-            if admitted:
-                state.inflight.release(task)
         return response, built
 
 
