@@ -69,15 +69,17 @@ def test_statistics_count_a_known_workload_and_match_the_metrics(stats_server):
     assert int(infer["success"]["ns"]) > 0
     duration = metric("trtserve_request_duration_seconds_sum", model="tiny", code="OK")
     assert int(infer["success"]["ns"]) / 1e9 == pytest.approx(duration, rel=1e-3)
-    assert int(stats["inference_count"]) == sum(rows) == metric("trtserve_batch_size_rows_sum", model="tiny")
+    rows_run = metric("trtserve_batch_size_rows_sum", model="tiny", version="1")
+    assert int(stats["inference_count"]) == sum(rows) == rows_run
     executions = int(stats["execution_count"])
-    assert 1 <= executions <= len(rows) and executions == metric("trtserve_batch_size_rows_count", model="tiny")
+    runs = metric("trtserve_batch_size_rows_count", model="tiny", version="1")
+    assert 1 <= executions <= len(rows) and executions == runs
     batch_stats = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats["batch_stats"]}
     assert sum(batch_stats.values()) == executions
     assert sum(size * runs for size, runs in batch_stats.items()) == sum(rows)
     assert abs(int(stats["last_inference"]) / 1000 - time.time()) < 60
     # Every request was queued and ran once (the dispatcher's stats hooks; a 0 fails, not skips).
     # JSON leaves a zero count out, hence .get.
-    queued = metric("trtserve_queue_duration_seconds_count", model="tiny")
+    queued = metric("trtserve_queue_duration_seconds_count", model="tiny", version="1")
     assert int(infer["queue"].get("count", 0)) == len(rows) == queued
     assert int(infer["compute_infer"].get("count", 0)) == len(rows)

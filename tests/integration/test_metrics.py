@@ -55,23 +55,23 @@ def test_metrics_after_a_known_workload(metrics_server):
     assert sample(m, "trtserve_deadline_exceeded_total", model="ident", when="before_run") == 1
     assert sample(m, "trtserve_deadline_exceeded_total", model="ident", when="finished_late") == 0
     # The dispatcher's view: every batch and row (warm-up excluded), and no padding left out.
-    assert sample(m, "trtserve_batch_size_rows_count", model="ident") == stats.batches > 0
-    assert sample(m, "trtserve_batch_size_rows_sum", model="ident") == stats.rows == ok
-    assert sample(m, "trtserve_compute_duration_seconds_count", model="ident") == stats.batches
+    assert sample(m, "trtserve_batch_size_rows_count", model="ident", version="1") == stats.batches > 0
+    assert sample(m, "trtserve_batch_size_rows_sum", model="ident", version="1") == stats.rows == ok
+    assert sample(m, "trtserve_compute_duration_seconds_count", model="ident", version="1") == stats.batches
     real = 2 * sum(lengths)
-    elements = sample(m, "trtserve_batch_elements_total", model="ident")
-    assert elements - sample(m, "trtserve_padding_elements_total", model="ident") == real
-    assert sample(m, "trtserve_padding_ratio", model="ident") == pytest.approx(1 - real / elements)
-    assert sample(m, "trtserve_queue_depth", model="ident") == 0
-    assert sample(m, "trtserve_slots", model="ident") == 1
-    assert sample(m, "trtserve_model_ready", model="ident") == 1
-    assert sample(m, "trtserve_slots_unhealthy", model="ident") == 0
+    elements = sample(m, "trtserve_batch_elements_total", model="ident", version="1")
+    assert elements - sample(m, "trtserve_padding_elements_total", model="ident", version="1") == real
+    assert sample(m, "trtserve_padding_ratio", model="ident", version="1") == pytest.approx(1 - real / elements)
+    assert sample(m, "trtserve_queue_depth", model="ident", version="1") == 0
+    assert sample(m, "trtserve_slots", model="ident", version="1") == 1
+    assert sample(m, "trtserve_model_ready", model="ident", version="1") == 1
+    assert sample(m, "trtserve_slots_unhealthy", model="ident", version="1") == 0
     assert sample(m, "trtserve_inflight_requests") == 0
     # The latency model, as the dispatcher sees it: "one" sleeps 300 ms per batch (warm-up rows
     # are 16 long), and the batch cap is the configured max_batch_size.
-    assert 0.29 < sample(m, "trtserve_predicted_batch_seconds", model="one", rows="1", length="16") < 0.6
-    assert sample(m, "trtserve_batch_cap_rows", model="one") == 1
-    assert ("trtserve_arrival_rate_rows", (("model", "ident"),)) in m
+    assert 0.29 < sample(m, "trtserve_predicted_batch_seconds", model="one", version="1", rows="1", length="16") < 0.6
+    assert sample(m, "trtserve_batch_cap_rows", model="one", version="1") == 1
+    assert ("trtserve_arrival_rate_rows", (("model", "ident"), ("version", "1"))) in m
     # ModelStatistics carries the same numbers.
     infer = statistics.inference_stats
     assert infer.success.count == ok and infer.success.ns > 0
@@ -81,7 +81,7 @@ def test_metrics_after_a_known_workload(metrics_server):
     assert abs(statistics.last_inference / 1000 - time.time()) < 60
     # Every answered request was queued and ran once: the dispatcher's stats hooks are wired (a
     # count of 0 here means it stopped calling them, and fails, not skips).
-    assert sample(m, "trtserve_queue_duration_seconds_count", model="ident") == ok == infer.queue.count
+    assert sample(m, "trtserve_queue_duration_seconds_count", model="ident", version="1") == ok == infer.queue.count
     assert infer.compute_infer.count == ok
 
 
@@ -101,8 +101,8 @@ def test_queue_full_late_answers_and_busy_slots_are_counted(metrics_server):
     assert sample(m, "trtserve_rejected_total", model="one", reason="queue_full") == rejected
     assert sample(m, "trtserve_requests_total", model="one", code="RESOURCE_EXHAUSTED") == rejected
     assert sample(m, "trtserve_deadline_exceeded_total", model="late", when="finished_late") == 1
-    assert sample(m, "trtserve_slot_busy_seconds_total", model="one") >= 0.3 * (6 - rejected) * 0.9
-    assert 0 < sample(m, "trtserve_slot_busy_ratio", model="one") <= 1
+    assert sample(m, "trtserve_slot_busy_seconds_total", model="one", version="1") >= 0.3 * (6 - rejected) * 0.9
+    assert 0 < sample(m, "trtserve_slot_busy_ratio", model="one", version="1") <= 1
 
 
 def test_separate_servers_have_separate_registries(make_server, tmp_path):

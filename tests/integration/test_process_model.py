@@ -147,10 +147,10 @@ def test_a_cancelled_call_leaves_the_engine_core_queue_and_never_runs(tree):
         first = stub.ModelInfer.future(request(1.0), timeout=60)
         assert wait_for(lambda: tree.ran() == [1.0], 30)  # held at the gate
         doomed = [stub.ModelInfer.future(request(100.0 + i), timeout=60) for i in range(3)]
-        assert wait_for(lambda: tree.metric("trtserve_queue_depth", model="gated") == 3, 30)
+        assert wait_for(lambda: tree.metric("trtserve_queue_depth", model="gated", version="1") == 3, 30)
         for call in doomed:
             call.cancel()
-        assert wait_for(lambda: tree.metric("trtserve_queue_depth", model="gated") == 0, 30)
+        assert wait_for(lambda: tree.metric("trtserve_queue_depth", model="gated", version="1") == 0, 30)
         tree.gate.touch()
         first.result(timeout=30)
         stub.ModelInfer(request(2.0), timeout=30)
@@ -247,7 +247,8 @@ def _drain_while_admitted(srv: ServerProcess, t: Tree, procs: dict[str, int], ch
             admitted = [pool.submit(pb_grpc.GRPCInferenceServiceStub(c).ModelInfer, request(float(k + 1)), timeout=60)
                         for k, c in enumerate(channels)]
             assert wait_for(lambda: t.metric("trtserve_inflight_requests") == CONNECTIONS, 30), (
-                t.metric("trtserve_inflight_requests"), t.metric("trtserve_queue_depth", model="gated"), t.ran(),
+                t.metric("trtserve_inflight_requests"), t.metric("trtserve_queue_depth", model="gated", version="1"),
+                t.ran(),
                 [f for f in admitted if f.done()][:2],
                 [t.metric("trtserve_frontend_requests_total", frontend=str(i)) for i in (0, 1)])
             srv.proc.send_signal(signal.SIGTERM)

@@ -108,12 +108,12 @@ def test_behind_a_loaded_queue_a_short_deadline_is_refused_and_nothing_queued_is
         np.testing.assert_array_equal(patient.result()["OUTPUT0"], row(3.0)["INPUT0"])
     m = scrape(srv.metrics_at())
     # The queue's predicted drain time was at least its rows' share of full batches.
-    assert sample(drain, "trtserve_queue_drain_seconds", model="slow") >= 30 * 0.1 / 4 * 0.9
-    assert sample(m, "trtserve_queue_drain_seconds", model="slow") == 0
+    assert sample(drain, "trtserve_queue_drain_seconds", model="slow", version="1") >= 30 * 0.1 / 4 * 0.9
+    assert sample(m, "trtserve_queue_drain_seconds", model="slow", version="1") == 0
     # What the adaptive policy learned is shown beside it: host CPU per batch, deadline budgets.
-    assert sample(m, "trtserve_batch_host_seconds", model="slow") > 0
+    assert sample(m, "trtserve_batch_host_seconds", model="slow", version="1") > 0
     # (gRPC sends the 60 s timeout rounded up to what its header's few digits can say.)
-    assert 0 < sample(m, "trtserve_deadline_budget_tight_seconds", model="slow") <= 61
+    assert 0 < sample(m, "trtserve_deadline_budget_tight_seconds", model="slow", version="1") <= 61
     assert sample(m, "trtserve_rejected_total", model="slow", reason="queue_wait") == 1
     assert sample(m, "trtserve_goodput_requests_total", model="slow") == 41
     assert sample(m, "trtserve_requests_total", model="slow", code="RESOURCE_EXHAUSTED") == 1
@@ -268,7 +268,7 @@ def test_trtserve_serve_applies_the_automatic_bound(tmp_path, frontends):
         # The first call runs before the others queue: three arriving together would find the
         # queue (max_queue_size 2) full before the first had left it.
         held = [pool.submit(c.infer, "slow", row(1.0), timeout=60)]
-        assert wait_for(lambda: sample(scrape(metrics), "trtserve_slots_busy", model="slow") == 1, 30)
+        assert wait_for(lambda: sample(scrape(metrics), "trtserve_slots_busy", model="slow", version="1") == 1, 30)
         held += [pool.submit(c.infer, "slow", row(2.0 + i), timeout=60) for i in range(2)]
         assert wait_for(lambda: sample(scrape(metrics), "trtserve_inflight_requests") == 3, 30)
         # One connection stays with one front end: a fourth call exceeds its bound.

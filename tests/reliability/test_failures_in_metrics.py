@@ -129,7 +129,8 @@ def test_every_failure_is_counted_once_under_its_model_and_code_in_metrics_and_s
             held = pool.submit(unary, stub, build_request("q2", row(HELD_ID)))
             assert wait_for(lambda: gate_batches(log) == [[HELD_ID]], 30)
             queued = [pool.submit(unary, stub, build_request("q2", row(float(i)))) for i in (1, 2)]
-            assert wait_for(lambda: scrape(port).get(("trtserve_queue_depth", (("model", "q2"),))) == 2, 30)
+            depth = ("trtserve_queue_depth", (("model", "q2"), ("version", "1")))
+            assert wait_for(lambda: scrape(port).get(depth) == 2, 30)
             refused = [unary(stub, build_request("q2", row(float(i)))) for i in range(3, 10)]
             gate.touch()
             for code in [held.result(), *(f.result() for f in queued), *refused]:

@@ -13,35 +13,46 @@ pays for one :meth:`RequestStats.record` per request and nothing else:
 server's thread, without locks (see :mod:`trtserve.batching.stats`). Each server has its
 own :class:`~prometheus_client.CollectorRegistry`, so one process can run several servers.
 
+Labels: ``model`` is the model's name; ``version`` the model version a dispatcher serves (one
+series per served version, as Triton's metrics carry model and version). The request series
+(answered requests, durations, refusals, deadlines, goodput) are per model only: they are counted
+by the front ends, and a request can fail before any version is chosen (an unknown version, a
+refusal at admission). Counters never go backwards: a version's counters carry on across a reload
+with a changed config, a version removed and added back, and an unload and a load
+(:attr:`ModelRegistry.stats <trtserve.engine.registry.ModelRegistry.stats>`); a version no longer
+served leaves the scrape (its per-version series stop) and picks up where it stopped if it comes back.
+
 ==========================================  =========  ======================================
 series                                      type       labels
 ==========================================  =========  ======================================
 trtserve_requests_total                     counter    model, code (gRPC status name)
 trtserve_request_duration_seconds           histogram  model, code
-trtserve_queue_duration_seconds             histogram  model
-trtserve_compute_duration_seconds           histogram  model (one observation per batch)
-trtserve_batch_size_rows                    histogram  model
-trtserve_queue_depth                        gauge      model (requests queued)
-trtserve_queue_rows                         gauge      model (rows queued)
-trtserve_slots / trtserve_slots_busy        gauge      model
-trtserve_slot_busy_seconds_total            counter    model
-trtserve_slot_busy_ratio                    gauge      model (since the previous scrape)
+trtserve_queue_duration_seconds             histogram  model, version
+trtserve_compute_duration_seconds           histogram  model, version (one observation per batch)
+trtserve_batch_size_rows                    histogram  model, version
+trtserve_queue_depth                        gauge      model, version (requests queued)
+trtserve_queue_rows                         gauge      model, version (rows queued)
+trtserve_slots / trtserve_slots_busy        gauge      model, version
+trtserve_slot_busy_seconds_total            counter    model, version
+trtserve_slot_busy_ratio                    gauge      model, version (since the previous scrape)
 trtserve_deadline_exceeded_total            counter    model, when = before_run | finished_late
+                                                       (summed over every version ever served)
 trtserve_rejected_total                     counter    model, reason = queue_full | queue_wait |
                                                        deadline_unmeetable | inflight_bound
 trtserve_goodput_requests_total             counter    model (answered OK within the deadline)
-trtserve_queue_drain_seconds                gauge      model (predicted, of everything queued)
-trtserve_batch_host_seconds                 gauge      model (host CPU per batch beside the engine run)
-trtserve_host_busy_ratio                    gauge      model (the engine core loop's busy share)
-trtserve_deadline_budget_tight_seconds      gauge      model (10th percentile of recent deadline budgets)
-trtserve_padding_ratio                      gauge      model
-trtserve_padding_elements_total             counter    model
-trtserve_batch_elements_total               counter    model
-trtserve_model_ready                        gauge      model (0 also while every slot is hung)
-trtserve_slots_unhealthy                    gauge      model (running one batch past the hang limit)
-trtserve_predicted_batch_seconds            gauge      model, rows, length (the latency model)
-trtserve_arrival_rate_rows                  gauge      model (rows/s, the dispatcher's estimate)
-trtserve_batch_cap_rows                     gauge      model (max rows of the next batch)
+trtserve_queue_drain_seconds                gauge      model, version (predicted, of everything queued)
+trtserve_batch_host_seconds                 gauge      model, version (host CPU per batch beside the engine run)
+trtserve_host_busy_ratio                    gauge      model, version (the engine core loop's busy share)
+trtserve_deadline_budget_tight_seconds      gauge      model, version (10th percentile of recent deadline budgets)
+trtserve_padding_ratio                      gauge      model, version
+trtserve_padding_elements_total             counter    model, version
+trtserve_batch_elements_total               counter    model, version
+trtserve_model_ready                        gauge      model, version (0 also while every slot is hung;
+                                                       version "" for a model serving none)
+trtserve_slots_unhealthy                    gauge      model, version (running one batch past the hang limit)
+trtserve_predicted_batch_seconds            gauge      model, version, rows, length (the latency model)
+trtserve_arrival_rate_rows                  gauge      model, version (rows/s, the dispatcher's estimate)
+trtserve_batch_cap_rows                     gauge      model, version (max rows of the next batch)
 trtserve_inflight_requests                  gauge      (none; summed over the front ends)
 trtserve_frontend_requests_total            counter    frontend (its number; requests it sent the engine core)
 ==========================================  =========  ======================================
@@ -69,6 +80,9 @@ if TYPE_CHECKING:
 
 REFUSALS = ("queue_full", "queue_wait", "deadline_unmeetable", "inflight_bound")
 """The ``reason`` labels of ``trtserve_rejected_total`` (``TrtServeError.refusal``)."""
+
+VERSIONED = ["model", "version"]
+"""The labels of the per-version series (one per served version of a model)."""
 
 BATCH_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 """Upper bounds (rows) of the ``trtserve_batch_size_rows`` histogram."""
@@ -189,8 +203,8 @@ class TrtServeCollector:
         self.inflight = inflight
         self.frontends = frontends
         self.clock = clock
-        # model → (time, busy seconds) at the last scrape
-        self._last_busy: dict[str, tuple[float, float]] = {}
+        # (model, version) → (time, busy seconds) at the last scrape
+        self._last_busy: dict[tuple[str, str], tuple[float, float]] = {}
         self._lock = threading.Lock()  # two scrapes at once share _last_busy
 
     def collect(self) -> Iterator[Metric]:
@@ -248,101 +262,109 @@ class TrtServeCollector:
                 for reason in REFUSALS:
                     rejected.add_metric([model, reason], refused.get(reason, 0))
                 goodput.add_metric([model], entry.on_time)
-        for name, dispatcher in self._dispatchers():
-            stats = dispatcher.stats
-            deadline.add_metric([name, "before_run"], stats.expired_before_run + early.get(name, 0))
+        before_run: Counter[str] = Counter()
+        finished_late: Counter[str] = Counter()
+        for (name, _version), stats in list(self.registry.stats.items()):  # every version ever served
+            before_run[name] += stats.expired_before_run
+            finished_late[name] += stats.finished_late
+        for name in sorted(self.registry.models):
+            deadline.add_metric([name, "before_run"], before_run[name] + early.get(name, 0))
             # finished_late: the dispatcher answered DEADLINE_EXCEEDED while the batch ran, or
             # the answer was ready (OK) only after the deadline.
-            deadline.add_metric([name, "finished_late"], stats.finished_late + late.get(name, 0))
+            deadline.add_metric([name, "finished_late"], finished_late[name] + late.get(name, 0))
         yield from (count, duration, deadline, rejected, goodput)
 
-    def _dispatchers(self) -> list[tuple[str, Dispatcher]]:
-        """(name, dispatcher) of every loaded model, by name."""
-        models = sorted(list(self.registry.models.items()))
-        return [(name, entry.served.dispatcher) for name, entry in models if entry.served is not None]
+    def _dispatchers(self) -> list[tuple[str, str, Dispatcher]]:
+        """(name, version, dispatcher) of every served version, by name then version."""
+        return [(name, version, served.dispatcher)
+                for name, entry in sorted(list(self.registry.models.items()))
+                for version, served in list(entry.versions.items())]
 
     def _models(self) -> Iterator[Metric]:
         queue_time = HistogramMetricFamily(
             "trtserve_queue_duration_seconds", "Time from queueing a request to its first rows running.",
-            labels=["model"],
+            labels=VERSIONED,
         )
         compute = HistogramMetricFamily(
-            "trtserve_compute_duration_seconds", "Engine run time of one batch.", labels=["model"]
+            "trtserve_compute_duration_seconds", "Engine run time of one batch.", labels=VERSIONED
         )
-        batch = HistogramMetricFamily("trtserve_batch_size_rows", "Rows per engine run.", labels=["model"])
-        depth = GaugeMetricFamily("trtserve_queue_depth", "Requests waiting in the model's queue.", labels=["model"])
-        queued_rows = GaugeMetricFamily("trtserve_queue_rows", "Rows waiting in the model's queue.", labels=["model"])
-        slots = GaugeMetricFamily("trtserve_slots", "Execution slots (instance_group count).", labels=["model"])
-        busy_now = GaugeMetricFamily("trtserve_slots_busy", "Execution slots running a batch now.", labels=["model"])
+        batch = HistogramMetricFamily("trtserve_batch_size_rows", "Rows per engine run.", labels=VERSIONED)
+        depth = GaugeMetricFamily("trtserve_queue_depth", "Requests waiting in the model's queue.", labels=VERSIONED)
+        queued_rows = GaugeMetricFamily("trtserve_queue_rows", "Rows waiting in the model's queue.", labels=VERSIONED)
+        slots = GaugeMetricFamily("trtserve_slots", "Execution slots (instance_group count).", labels=VERSIONED)
+        busy_now = GaugeMetricFamily("trtserve_slots_busy", "Execution slots running a batch now.", labels=VERSIONED)
         busy_total = CounterMetricFamily(
-            "trtserve_slot_busy_seconds", "Engine run time summed over every slot.", labels=["model"]
+            "trtserve_slot_busy_seconds", "Engine run time summed over every slot.", labels=VERSIONED
         )
         busy_ratio = GaugeMetricFamily(
             "trtserve_slot_busy_ratio",
             "Share of slot time spent running batches since the previous scrape "
             "(rate(trtserve_slot_busy_seconds_total[w]) / trtserve_slots for a fixed window).",
-            labels=["model"],
+            labels=VERSIONED,
         )
         padding = GaugeMetricFamily(
-            "trtserve_padding_ratio", "Share of the elements run that were padding, since load.", labels=["model"]
+            "trtserve_padding_ratio", "Share of the elements run that were padding, since the version first loaded.",
+            labels=VERSIONED,
         )
         pad_elems = CounterMetricFamily(
-            "trtserve_padding_elements", "Input elements run that were padding.", labels=["model"]
+            "trtserve_padding_elements", "Input elements run that were padding.", labels=VERSIONED
         )
         all_elems = CounterMetricFamily(
-            "trtserve_batch_elements", "Input elements run, padding included.", labels=["model"]
+            "trtserve_batch_elements", "Input elements run, padding included.", labels=VERSIONED
         )
         ready = GaugeMetricFamily(
             "trtserve_model_ready", "1 when the model serves (loaded, and not every slot hung), else 0.",
-            labels=["model"],
+            labels=VERSIONED,
         )
         unhealthy = GaugeMetricFamily(
-            "trtserve_slots_unhealthy", "Execution slots running one batch past the hang limit.", labels=["model"]
+            "trtserve_slots_unhealthy", "Execution slots running one batch past the hang limit.", labels=VERSIONED
         )
         predicted = GaugeMetricFamily(
             "trtserve_predicted_batch_seconds",
             "The latency model: predicted run time of a batch of `rows` rows padded to `length` "
             "(measured buckets).",
-            labels=["model", "rows", "length"],
+            labels=[*VERSIONED, "rows", "length"],
         )
         arrival = GaugeMetricFamily(
-            "trtserve_arrival_rate_rows", "Rows per second arriving, as the dispatcher estimates it.", labels=["model"]
+            "trtserve_arrival_rate_rows", "Rows per second arriving, as the dispatcher estimates it.", labels=VERSIONED
         )
         cap = GaugeMetricFamily(
             "trtserve_batch_cap_rows", "Most rows the next batch may take (the adaptive cap, or max_batch_size).",
-            labels=["model"],
+            labels=VERSIONED,
         )
         drain = GaugeMetricFamily(
             "trtserve_queue_drain_seconds",
             "Predicted time until every queued row and running batch is done, at the latency model's low estimate "
             "(what admission compares with deadlines).",
-            labels=["model"],
+            labels=VERSIONED,
         )
         host = GaugeMetricFamily(
             "trtserve_batch_host_seconds",
             "Measured host CPU one batch costs beside its engine run (decide, launch, hand-off, deliver): "
             "the per-batch cost the adaptive policy weighs against waiting.",
-            labels=["model"],
+            labels=VERSIONED,
         )
         host_busy = GaugeMetricFamily(
             "trtserve_host_busy_ratio",
             "Busy share (CPU / wall) of the engine core's event-loop thread, recent windows.",
-            labels=["model"],
+            labels=VERSIONED,
         )
         tight = GaugeMetricFamily(
             "trtserve_deadline_budget_tight_seconds",
             "The tight end (10th percentile) of recent requests' deadline budgets (deadline - arrival); "
             "batches are capped so that such a request arriving during one is still answered in time. "
             "Absent while most carry none.",
-            labels=["model"],
+            labels=VERSIONED,
         )
         now = self.clock.now()
         for name, entry in sorted(list(self.registry.models.items())):
-            healthy = entry.served is None or entry.served.dispatcher.healthy
-            ready.add_metric([name], 1.0 if entry.state.value == "READY" and healthy else 0.0)
-        for name, dispatcher in self._dispatchers():
+            serving = entry.state.value == "READY"
+            for version, served in list(entry.versions.items()) or [("", None)]:
+                healthy = served is not None and served.dispatcher.healthy
+                ready.add_metric([name, version], 1.0 if serving and healthy else 0.0)
+        for name, version, dispatcher in self._dispatchers():
             stats = dispatcher.stats
-            labels = [name]
+            labels = [name, version]
             counts, total = stats.queue.snapshot()
             _histogram(queue_time, labels, counts, total, stats.queue.bounds)
             counts, total = stats.compute.snapshot()
@@ -370,13 +392,13 @@ class TrtServeCollector:
                 tight.add_metric(labels, dispatcher.tight_budget_s)
             for length in dispatcher.latency.lengths:
                 for rows, seconds in dispatcher.latency.curve(length).items():
-                    predicted.add_metric([name, str(rows), str(length)], seconds)
+                    predicted.add_metric([*labels, str(rows), str(length)], seconds)
             busy = stats.compute_seconds
             busy_total.add_metric(labels, busy)
-            then, busy_then = self._last_busy.get(name, (None, 0.0))
+            then, busy_then = self._last_busy.get((name, version), (None, 0.0))
             if then is not None and now > then:
                 busy_ratio.add_metric(labels, min(1.0, max(0.0, (busy - busy_then) / (n_slots * (now - then)))))
-            self._last_busy[name] = (now, busy)
+            self._last_busy[name, version] = (now, busy)
             padding.add_metric(labels, stats.padding_ratio)
             pad_elems.add_metric(labels, stats.padded_elements - stats.real_elements)
             all_elems.add_metric(labels, stats.padded_elements)

@@ -19,6 +19,7 @@ from dataclasses import field as dataclass_field
 from pathlib import Path
 
 from trtserve._proto.inference import model_config_pb2 as mc
+from trtserve.batching.stats import DispatchStats
 from trtserve.clock import Clock
 from trtserve.engine.model import EngineModel
 from trtserve.errors import ModelNotFound, ModelNotReady
@@ -71,6 +72,11 @@ class ModelRegistry:
     Touched only from the event loop. Every change of a model's state or versions calls each
     of :attr:`listeners` (the engine core pushes the new table to the front ends).
 
+    Each (model, version) keeps one :class:`~trtserve.batching.stats.DispatchStats` for the life
+    of the registry (:attr:`stats`): a rebuilt instance (a reload with a changed config or
+    files, a version removed and added back, an unload and a load) counts on from where the
+    one before it stopped, so the metrics' counters and ModelStatistics never go backwards.
+
     Args:
         root: the model repository directory (``engines/``).
         clock: time source handed to each model's dispatcher.
@@ -87,6 +93,8 @@ class ModelRegistry:
         self._busy: dict[str, asyncio.Lock] = {}  # model → held while it loads or unloads
         # (model, version) → the config and files it was built from
         self._files: dict[tuple[str, str], tuple[object, ...]] = {}
+        self.stats: dict[tuple[str, str], DispatchStats] = {}
+        """(model, version) → its counters, kept across rebuilds (see the class docstring)."""
 
     def discover(self) -> list[str]:
         """Names of the model directories (see :func:`~trtserve.repository.model_dirs`), sorted."""
@@ -166,6 +174,11 @@ class ModelRegistry:
             self._files = {k: v for k, v in self._files.items() if k[0] != name}
             self._changed()
 
+    @property
+    def busy(self) -> set[str]:
+        """The models loading or unloading now."""
+        return {name for name, lock in self._busy.items() if lock.locked()}
+
     def forget(self, name: str) -> None:
         """Drop ``name`` from the table (after :meth:`unload`): its directory is gone, so
         requests for it are NOT_FOUND, as for any unknown model."""
@@ -189,6 +202,9 @@ class ModelRegistry:
         except BaseException:
             await served.aclose()
             raise
+        # Counters carry on from the previous instance of this version (which, if it is still
+        # draining, counts its last batches into the same object).
+        served.dispatcher.stats = self.stats.setdefault((spec.name, spec.version), served.dispatcher.stats)
         log.info("model %s version %s built (%s, %d slot(s))",
                  spec.name, spec.version, spec.platform, spec.instances)
         return served
