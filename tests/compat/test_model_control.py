@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -74,3 +75,31 @@ def test_load_and_unload_are_refused_in_mode_none(trtserve_url):
         assert "model control mode 'none'" in err.value.message()
         assert "StatusCode.UNAVAILABLE" in str(err.value.status())
     assert c.is_model_ready("tiny")
+
+
+def test_a_model_removed_after_its_unload_is_not_found(tmp_path, engines):
+    """Explicit mode: unload a model, then delete its directory: it leaves RepositoryIndex and a
+    request for it is NOT_FOUND (as for any unknown name), not UNAVAILABLE "unloaded"."""
+    root = tmp_path / "repository"
+    for name in ("tiny", "identity_fp32"):
+        shutil.copytree(engines / name, root / name)
+    with ServerProcess(root, "--frontends", "2", "--model-control-mode", "explicit", "--load-model", "*") as server:
+        c = tc.InferenceServerClient(server.url)
+        c.unload_model("identity_fp32")
+        shutil.rmtree(root / "identity_fp32")
+
+        def status() -> str:
+            try:
+                infer_identity(c)
+            except InferenceServerException as exc:
+                return str(exc.status())
+            return "OK"
+
+        deadline = time.monotonic() + 30  # the engine core looks for removed models every second
+        while (code := status()) == "StatusCode.UNAVAILABLE" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert code == "StatusCode.NOT_FOUND"
+        assert states(c) == {"tiny": ("READY", "")}
+        with pytest.raises(InferenceServerException) as err:
+            c.load_model("identity_fp32")
+        assert "StatusCode.NOT_FOUND" in str(err.value.status())

@@ -9,7 +9,9 @@ mode           what is loaded
                changed one (config, files, a version directory added or removed) reloaded;
                RepositoryModelLoad/Unload refused
 ``explicit``   at start only the ``load_models`` (``*``: all); then RepositoryModelLoad and
-               RepositoryModelUnload decide
+               RepositoryModelUnload decide; an unloaded model whose directory is then removed
+               is forgotten (NOT_FOUND, out of RepositoryIndex) within :data:`FORGET_SECS`, or
+               at once by a RepositoryIndex call
 =============  ==================================================================================
 
 A load of a served model is a reload: the new versions are built and warmed while the old
@@ -37,6 +39,8 @@ from trtserve.repository import fingerprint, model_dirs
 log = logging.getLogger(__name__)
 
 DEFAULT_POLL_SECS = 15.0  # Triton's --repository-poll-secs default
+FORGET_SECS = 1.0
+"""Explicit mode: seconds between two looks for unloaded models whose directory is gone."""
 
 
 class ControlMode(enum.Enum):
@@ -95,6 +99,8 @@ class ModelLifecycle:
         await self.registry.load_all(names)
         if mode is ControlMode.POLL:
             self._poller = asyncio.ensure_future(self._poll_forever())
+        elif mode is ControlMode.EXPLICIT:
+            self._poller = asyncio.ensure_future(self._forget_removed_forever())
 
     @property
     def ready(self) -> bool:
@@ -156,8 +162,10 @@ class ModelLifecycle:
         """(name, version, state, reason) of every model in the repository or the table: one
         row per served version; a model directory never loaded is UNAVAILABLE, "not loaded"."""
         rows = []
+        dirs = set(model_dirs(self.registry.root))
+        self._forget_removed(dirs)
         entries = self.registry.models
-        for name in sorted(set(entries) | set(model_dirs(self.registry.root))):
+        for name in sorted(set(entries) | dirs):
             entry = entries.get(name)
             if entry is None:
                 rows.append((name, "", "UNAVAILABLE", "not loaded"))
@@ -168,7 +176,8 @@ class ModelLifecycle:
         return rows
 
     async def aclose(self) -> None:
-        """Stop polling (a scan under way is cancelled; a model it was loading is left as it was)."""
+        """Stop polling or looking for removed models (a scan under way is cancelled; a model it
+        was loading is left as it was)."""
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
@@ -191,6 +200,24 @@ class ModelLifecycle:
                 self._seen[name] = files
                 log.info("poll: model %s is new or changed: loading", name)
                 await self.registry.load(name)
+
+    def _forget_removed(self, dirs: set[str]) -> None:
+        """Forget every model that serves no version (unloaded, or failed to load) and whose
+        directory is no longer among ``dirs``: requests for it are NOT_FOUND, as for a name the
+        repository never had."""
+        for name, entry in list(self.registry.models.items()):
+            if name not in dirs and not entry.versions and name not in self.registry.busy:
+                log.info("model %s is gone from the repository: forgotten", name)
+                self.registry.forget(name)
+
+    async def _forget_removed_forever(self) -> None:
+        while True:
+            await asyncio.sleep(FORGET_SECS)
+            if any(not e.versions for e in self.registry.models.values()):  # else nothing to look for
+                try:
+                    self._forget_removed(set(await asyncio.to_thread(model_dirs, self.registry.root)))
+                except OSError:  # the repository unreadable a moment: look again next time
+                    log.exception("looking for removed models in %s failed", self.registry.root)
 
     async def _poll_forever(self) -> None:
         while True:
