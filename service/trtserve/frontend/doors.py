@@ -4,6 +4,7 @@ one drain)."""
 
 from __future__ import annotations
 
+import socket
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -51,11 +52,17 @@ class Doors:
 
 
 async def open_doors(engine: Engine, clock: Clock, pool: Executor, *, host: str, port: int, http_port: int | None,
-                     reuse_port: bool = False, **options: Any) -> Doors:
+                     reuse_port: bool = False, frontends: int = 1, http_socket: socket.socket | None = None,
+                     **options: Any) -> Doors:
     """Start the gRPC door on ``host:port`` and, unless ``http_port`` is None, the HTTP door on
     ``host:http_port`` (0: a free port), both answering at once (not ready until the state loads).
 
     Args:
+        reuse_port, frontends: the gRPC port is shared with the other front ends of this server,
+            ``frontends`` in all (:func:`~trtserve.frontend.grpc.server.start_frontend`); the
+            HTTP port too, unless ``http_socket``.
+        http_socket: the HTTP door's listening socket, made once for all the front ends (the
+            way no other process can join the port); default: bind ``host:http_port`` here.
         options: the keyword arguments of :func:`~trtserve.frontend.grpc.server.start_frontend`
             (limits, TLS, auth); the HTTP door takes the receive limit as its body limit, and the
             same bearer token.
@@ -68,11 +75,12 @@ async def open_doors(engine: Engine, clock: Clock, pool: Executor, *, host: str,
         raise ValueError("TLS is served on the gRPC port only: the HTTP door has no TLS yet (serve it behind a "
                          "TLS-terminating proxy, or leave out --allow-http)")
     server, service, bound = await start_frontend(engine, clock, pool, host=host, port=port, reuse_port=reuse_port,
-                                                  **options)
+                                                  frontends=frontends, **options)
     http = None
     if http_port is not None:
         limit = options.get("max_receive_bytes") or options.get("max_message_bytes") or DEFAULT_MAX_MESSAGE_BYTES
-        http = await start_http(service.state, host=host, port=http_port, reuse_port=reuse_port, max_body_bytes=limit,
+        http = await start_http(service.state, host=host, port=http_port, reuse_port=reuse_port, sock=http_socket,
+                                max_body_bytes=limit,
                                 auth_token=options.get("auth_token"), auth_health=options.get("auth_health", False))
     return Doors(server, service, bound, http)
 

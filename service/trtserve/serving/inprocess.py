@@ -6,8 +6,10 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from trtserve.serving.ports import PortClaim
 from trtserve.serving.settings import ServeConfig, announcer
 
 log = logging.getLogger("trtserve")
@@ -33,11 +35,14 @@ async def serve_in_process(config: ServeConfig) -> int:
         doors = await open_doors(engine, MonotonicClock(), pool, host=config.host, port=config.port,
                                  http_port=config.http_port, **config.frontend)
     except RuntimeError as exc:  # a port in use: one line, exit 2, as every other start-up refusal
-        log.error("%s", exc)
+        print(f"trtserve serve: {exc}", file=sys.stderr, flush=True)
         await core.aclose()
         pool.shutdown(wait=False)
         return 2
     port = doors.grpc_port
+    # Ports asked for as 0 are claimed once known (the fixed ones were, before binding).
+    claims = [PortClaim(config.host, bound, door) for door, asked, bound in
+              (("gRPC", config.port, port), ("HTTP", config.http_port, doors.http_port)) if asked == 0 and bound]
     announce = announcer(config)
     announce(f"trtserve bound {config.host}:{port}, loading models")
     if doors.http_port is not None:
@@ -73,5 +78,7 @@ async def serve_in_process(config: ServeConfig) -> int:
     await doors.drain(config.grace)
     await core.aclose()
     pool.shutdown(wait=False)
+    for claim in claims:
+        claim.release()
     log.info("stopped")
     return 0

@@ -7,10 +7,13 @@
     ├── engine core      every model's dispatcher and execution slots; the metrics endpoint
     └── front end × N    grpc.aio on one port (SO_REUSEPORT), each a ZeroMQ DEALER to the core
 
-Start: the engine core binds its socket and starts loading; front end 0 binds the gRPC port
-(a fixed port is first checked to be free, so two servers never share it), the others bind the
-same port; each answers at once (health NOT_SERVING) and is ready once the engine core's model
-table has reached it. Then the supervisor prints ``trtserve listening on HOST:PORT``.
+Start: :func:`serve` claims every fixed port (:mod:`trtserve.serving.ports`: one server per
+address, or exit 2 with one line); the supervisor makes the HTTP door's listening socket, one
+for all the front ends; the engine core binds its socket and starts loading; front end 0 binds
+the gRPC port, the others bind the same port (steered to these N sockets only,
+:mod:`trtserve.frontend.grpc.reuseport`); each answers at once (health NOT_SERVING) and is ready
+once the engine core's model table has reached it. Then the supervisor prints ``trtserve
+listening on HOST:PORT``.
 
 While serving: a front end that exits is restarted on the same port (its in-flight calls fail
 UNAVAILABLE when their connection drops; the engine core drops their queued rows); more than
@@ -33,12 +36,14 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from collections import deque
 from multiprocessing.connection import wait
 from typing import Any
 
+from trtserve.serving.ports import PortClaim, PortInUse, claim_ports
 from trtserve.serving.settings import ServeConfig, announcer
 
 log = logging.getLogger("trtserve")
@@ -55,8 +60,8 @@ START_TIMEOUT_S = 120.0
 
 
 class Child:
-    """One child process and its pipe: it reports ``("bound", ...)`` and ``("ready",)``; the
-    supervisor may send ``("stop",)``."""
+    """One child process and its pipe: it reports ``("bound", ...)`` (or ``("refused", line)``:
+    an address it could not bind) and ``("ready",)``; the supervisor may send ``("stop",)``."""
 
     def __init__(self, name: str, target: Any, args: tuple[Any, ...]) -> None:
         context = multiprocessing.get_context("spawn")
@@ -70,6 +75,7 @@ class Child:
         """Wait for the child's ``kind`` report.
 
         Raises:
+            PortInUse: the child could not bind its address.
             RuntimeError: the child exited or sent nothing in time.
         """
         if self.conn.poll(timeout):
@@ -79,6 +85,9 @@ class Child:
                 message = None
             if message is not None and message[0] == kind:
                 return message
+            if message is not None and message[0] == "refused":
+                self.process.join(5.0)
+                raise PortInUse(message[1])
         self.process.join(1.0)
         raise RuntimeError(f"{self.name} did not start (exit code {self.process.exitcode})")
 
@@ -103,6 +112,8 @@ class Supervisor:
         self.frontends: dict[int, Child] = {}
         self.port = config.port
         self.http_port = config.http_port
+        self.http_socket: socket.socket | None = None
+        self.claims: list[PortClaim] = []  # the ports bound as 0, claimed once known
         self.restarts: deque[float] = deque()
         self.stopping = False
         self._announce = announcer(config)
@@ -114,25 +125,38 @@ class Supervisor:
         self._install_signals()
         try:
             return self._serve()
+        except PortInUse as exc:
+            print(f"trtserve serve: {exc}", file=sys.stderr, flush=True)
+            self._kill_all()
+            return 2
         except RuntimeError as exc:
             log.error("%s", exc)
             self._kill_all()
             return 1
         finally:
             shutil.rmtree(self.rundir, ignore_errors=True)
+            for claim in self.claims:
+                claim.release()
 
     def _serve(self) -> int:
+        from trtserve.frontend.http.server import listening_socket
         from trtserve.serving.engine_process import engine_main
 
         config = self.config
-        if config.port:
-            check_port_free(config.host, config.port)
-        if config.http_port:
-            check_port_free(config.host, config.http_port)
+        if self.http_port is not None:
+            try:
+                self.http_socket = listening_socket(config.host, self.http_port, reuse_port=False)
+            except RuntimeError as exc:
+                raise PortInUse(str(exc)) from None
+            if not config.http_port:
+                self.http_port = self.http_socket.getsockname()[1]
+                self.claims.append(PortClaim(config.host, self.http_port, "HTTP"))
         self.engine = Child("engine core", engine_main, (config, self.address))
         _, metrics_port = self.engine.expect("bound")
         log.info("engine core started (pid %d)", self.engine.process.pid)
         self._start_frontend(0, config.port)
+        if not config.port:
+            self.claims.append(PortClaim(config.host, self.port, "gRPC"))
         self._announce(f"trtserve bound {config.host}:{self.port}, loading models")
         if self.http_port is not None:
             self._announce(f"trtserve HTTP on {config.host}:{self.http_port}")
@@ -156,7 +180,7 @@ class Supervisor:
         from trtserve.serving.frontend_process import frontend_main
 
         child = self.frontends[index] = Child(
-            f"front end {index}", frontend_main, (self.config, self.address, port, self.http_port, index)
+            f"front end {index}", frontend_main, (self.config, self.address, port, self.http_socket, index)
         )
         (_, self.port, self.http_port) = child.expect("bound")
         log.info("front end %d started on port %d (pid %d)", index, self.port, child.process.pid)
@@ -252,22 +276,6 @@ class Supervisor:
             signal.signal(sig, on_signal)
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Refuse a port some other process listens on (the front ends bind with SO_REUSEPORT,
-    which would otherwise share it with another SO_REUSEPORT server).
-
-    Raises:
-        RuntimeError: the port is in use.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-
-
 def describe_exit(code: int | None) -> str:
     """A child's exit code in words: ``exit code 3`` or ``killed by SIGKILL``."""
     if code is None:
@@ -280,12 +288,23 @@ def describe_exit(code: int | None) -> str:
 def serve(config: ServeConfig) -> int:
     """Run the server of ``config`` until a signal; returns the exit status. One front end:
     one process (:func:`~trtserve.serving.inprocess.serve_in_process`); more: the supervised
-    tree."""
-    if config.frontends == 1:
-        from trtserve.serving.inprocess import serve_in_process
-
-        return asyncio.run(serve_in_process(config))
+    tree. Every fixed port is claimed first (:func:`~trtserve.serving.ports.claim_ports`) and
+    held until the server exits; a port taken by another server or process: one line on
+    stderr (``trtserve serve: cannot listen on HOST:PORT: ...``), exit 2."""
     try:
-        return Supervisor(config).run()
-    except SystemExit as exc:
-        return int(exc.code or 0)
+        claims = claim_ports(config.host, {"gRPC": config.port, "HTTP": config.http_port})
+    except PortInUse as exc:
+        print(f"trtserve serve: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        if config.frontends == 1:
+            from trtserve.serving.inprocess import serve_in_process
+
+            return asyncio.run(serve_in_process(config))
+        try:
+            return Supervisor(config).run()
+        except SystemExit as exc:
+            return int(exc.code or 0)
+    finally:
+        for claim in claims:
+            claim.release()

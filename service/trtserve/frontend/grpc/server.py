@@ -1,7 +1,8 @@
 """One front end's ``grpc.aio`` server: the inference, ModelControl, health and reflection
 services on one port, shared with the other front ends (SO_REUSEPORT: the kernel spreads
-*connections* over them; every request of one HTTP/2 connection stays in one front end), and
-its keepalive and ping policy (:class:`Keepalive`)."""
+*connections* over them, steered to this server's own sockets by
+:mod:`~trtserve.frontend.grpc.reuseport`; every request of one HTTP/2 connection stays in one
+front end), and its keepalive and ping policy (:class:`Keepalive`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve._proto.trtserve.v1 import control_pb2, control_pb2_grpc
 from trtserve.clock import Clock
 from trtserve.frontend.grpc.model_control import ModelControlService
+from trtserve.frontend.grpc.reuseport import steer_port
 from trtserve.frontend.grpc.security import BearerTokenInterceptor, TlsConfig
 from trtserve.frontend.grpc.service import DEFAULT_STREAM_INFLIGHT, SERVICE_NAME, InferenceService
 from trtserve.frontend.state import AUTO, DEFAULT_MAX_MESSAGE_BYTES, FrontendState
@@ -78,6 +80,7 @@ async def start_frontend(
     host: str = "127.0.0.1",
     port: int = 0,
     reuse_port: bool = False,
+    frontends: int = 1,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     max_receive_bytes: int | None = None,
     stream_inflight: int = DEFAULT_STREAM_INFLIGHT,
@@ -96,7 +99,12 @@ async def start_frontend(
     Args:
         engine: the connection to the engine core (connected).
         pool: executor for the handlers' pre/post-processing.
-        reuse_port: bind with SO_REUSEPORT, so that other front ends can listen on the same port.
+        reuse_port: bind with SO_REUSEPORT, so that other front ends can listen on the same port;
+            without it (one front end) no other process can bind the port while it serves.
+        frontends: with ``reuse_port``, how many front ends of this server share the port: new
+            connections go to the first ``frontends`` sockets of the port's group only
+            (:func:`~trtserve.frontend.grpc.reuseport.steer_port`), not to a later socket of
+            another process.
         max_message_bytes: the largest response (a larger one fails alone with
             RESOURCE_EXHAUSTED) and, unless ``max_receive_bytes``, the largest request.
         max_receive_bytes: the largest request message (gRPC refuses a larger one with
@@ -115,7 +123,7 @@ async def start_frontend(
         keepalive: the keepalive and ping policy (default :class:`Keepalive`'s).
 
     Raises:
-        RuntimeError: the address cannot be bound.
+        RuntimeError: the address cannot be bound (``cannot listen on HOST:PORT (gRPC): ...``).
         ValueError: ``max_inflight_rpcs`` is neither a count >= 0 nor "auto".
     """
     counted = max_inflight_rpcs is None or (isinstance(max_inflight_rpcs, int) and max_inflight_rpcs >= 0)
@@ -142,9 +150,14 @@ async def start_frontend(
         (SERVICE_NAME, CONTROL_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     address = f"{host}:{port}"
-    bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
+    try:  # grpcio raises "Failed to bind ..." (older versions returned 0), without the reason
+        bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
     if bound == 0:
-        raise RuntimeError(f"cannot listen on {address}")
+        raise RuntimeError(f"cannot listen on {address} (gRPC): the address is in use or not available here")
     await service.update_health()
     await server.start()
+    if reuse_port and frontends > 1:
+        steer_port(bound, frontends)
     return server, service, bound

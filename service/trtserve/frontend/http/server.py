@@ -5,8 +5,9 @@ uvicorn's ``Server.startup``/``shutdown`` run on the running loop, so the HTTP d
 process, the loop and the :class:`~trtserve.frontend.state.FrontendState` of the gRPC door
 (its served models, in-flight gate and drain). ``Server.serve`` is not used: it installs its
 own SIGINT/SIGTERM handlers, and the front end's drain decides what a signal means. The
-listening socket is made here, so the front ends can share the port (SO_REUSEPORT), as they do
-the gRPC one.
+listening socket is made here (:func:`listening_socket`) or handed in: ``trtserve serve`` with
+several front ends makes one, without SO_REUSEPORT, and every front end accepts on it, so no
+other process can bind the HTTP port while the server runs.
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket
 
 
 async def start_http(state: FrontendState, *, host: str = "127.0.0.1", port: int = 0, reuse_port: bool = False,
-                     max_body_bytes: int, auth_token: str | None = None, auth_health: bool = False) -> HttpServer:
-    """Start the HTTP door of ``state`` on ``host:port`` (0: a free port).
+                     sock: socket.socket | None = None, max_body_bytes: int, auth_token: str | None = None,
+                     auth_health: bool = False) -> HttpServer:
+    """Start the HTTP door of ``state`` on ``host:port`` (0: a free port), or on the listening
+    socket ``sock`` (shared with other front ends; ``host``, ``port`` and ``reuse_port`` unused).
 
     Args:
         max_body_bytes: the largest request body (413 beyond it).
@@ -78,7 +81,8 @@ async def start_http(state: FrontendState, *, host: str = "127.0.0.1", port: int
     config.load()
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)  # set by Server._serve, which is not used (lifespan "off")
-    sock = listening_socket(host, port, reuse_port=reuse_port)
+    if sock is None:
+        sock = listening_socket(host, port, reuse_port=reuse_port)
     await server.startup(sockets=[sock])
     return HttpServer(server, sock.getsockname()[1])
 
