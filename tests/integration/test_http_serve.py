@@ -9,7 +9,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,7 +24,6 @@ from integration.helpers import write_gate
 from trtserve.client import Client
 from trtserve.tools.child_server import ServerProcess
 
-_HTTP_LINE = re.compile(r"trtserve HTTP on ([\d.]+):(\d+)")
 
 @pytest.fixture
 def repo(engines, tmp_path) -> Path:
@@ -33,14 +31,6 @@ def repo(engines, tmp_path) -> Path:
     root.mkdir()
     (root / "tiny").symlink_to(engines / "tiny", target_is_directory=True)
     return root
-
-
-def http_url(srv: ServerProcess) -> str:
-    """The HTTP address the server printed (before its "listening on" line)."""
-    for line in list(srv.output):
-        if match := _HTTP_LINE.search(line):
-            return f"{match.group(1)}:{match.group(2)}"
-    raise AssertionError("no 'trtserve HTTP on HOST:PORT' line:\n" + "".join(srv.output))
 
 
 def request(url: str, method: str, path: str, body: str | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -66,7 +56,8 @@ def test_http_infer_and_sigterm_drain(repo, frontends):
     held_x = np.array([[7.0, 0.25, -3.0]], np.float32)
     with ServerProcess(repo, "--frontends", frontends, "--allow-http", "true", "--http-port", "0",
                        "--grace-period", "60") as srv:
-        url = http_url(srv)
+        url = srv.http_url
+        assert url, "no 'trtserve HTTP on HOST:PORT' line:\n" + "".join(srv.output)
         c = th.InferenceServerClient(url)
         try:
             assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("tiny")

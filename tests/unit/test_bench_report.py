@@ -18,6 +18,7 @@ from trtserve.harness.benchlib.policies import (
     policy_targets,
 )
 from trtserve.harness.benchlib.proctree import tree_cpu_seconds_of, tree_rss_bytes_of
+from trtserve.harness.benchlib.protocols import HTTP_MODE, format_protocol_table, parse_protocols, protocol_targets
 from trtserve.harness.benchlib.raw import batch_sizes
 from trtserve.harness.benchlib.report import (
     Measurement,
@@ -197,11 +198,13 @@ def test_tree_rss_sums_the_live_processes_of_the_tree():
 
 
 def sweep_point(server: str, model: str, callers: int, requests: int, p50_us: float, mode: str = "closed-unary",
-                cpu_s: float = 0.0, connections: int = 8) -> Point:
-    """``requests`` OK answers in a 1 s window, all at ``p50_us``."""
-    return summarize(measurement(model=model, mode=mode, load=callers, window_s=1.0, codes=["OK"] * requests,
-                                 latency_us=np.full(requests, p50_us), before=snap(), after=snap(cpu=cpu_s),
-                                 server=server, connections=connections), 200.0)
+                cpu_s: float = 0.0, connections: int = 8, client_s: float = 0.0, codes: tuple[str, ...] = ()) -> Point:
+    """``requests`` OK answers in a 1 s window, all at ``p50_us`` (then ``codes``, answered as fast)."""
+    answers = ["OK"] * requests + list(codes)
+    return summarize(measurement(model=model, mode=mode, load=callers, window_s=1.0, codes=answers,
+                                 latency_us=np.full(len(answers), p50_us), before=snap(),
+                                 after=snap(cpu=cpu_s, client=client_s), server=server, connections=connections),
+                     200.0)
 
 
 def test_comparison_rows_pair_the_servers_per_caller_count_with_ratios():
@@ -327,3 +330,55 @@ def test_closed_loop_rows_of_the_policy_comparison_get_a_target_each():
     table = format_policy_table(points)
     assert "closed-unary c=64" in table and "1220.0" in table and "1240 / 1200" in table
     assert "minilm · adaptive vs fixed queue delay" in table and "open-stream 100/s (80%)" in table
+
+
+def test_protocol_items_parse_to_the_doors_in_order():
+    assert parse_protocols("grpc,http") == ["grpc", "http"]
+    assert parse_protocols(" HTTP , grpc,http") == ["http", "grpc"]
+    for bad in ("grpc,ftp", ",", "rest"):
+        with pytest.raises(ValueError, match=f"expected grpc and/or http separated by commas, got '{bad}'"):
+            parse_protocols(bad)
+
+
+def door_points() -> list[Point]:
+    """tiny at 64 callers: trtserve 1 000 us of server CPU per call over gRPC, 300 over HTTP."""
+    return [
+        sweep_point("trtserve", "tiny", 64, 2000, 20_000.0, cpu_s=2.0, client_s=0.4),
+        sweep_point("trtserve", "tiny", 1, 800, 1200.0, mode=HTTP_MODE, cpu_s=0.4, connections=1),
+        sweep_point("trtserve", "tiny", 64, 3000, 15_000.0, mode=HTTP_MODE, cpu_s=0.9, client_s=0.3, connections=64),
+    ]
+
+
+def test_protocol_targets_pass_on_cheaper_http_and_a_higher_http_peak():
+    points = [*door_points(), sweep_point("triton", "tiny", 64, 2400, 20_000.0, mode=HTTP_MODE, connections=64),
+              sweep_point("triton", "tiny", 64, 9000, 5000.0)]  # the peer's gRPC peak is not its HTTP peak
+    cpu, peak = protocol_targets(points)
+    assert cpu.verdict == "PASS" and cpu.name.startswith("tiny at 64 callers: server CPU per call over HTTP <= 0.4")
+    assert cpu.detail == "300/1000 us = 0.30; bench client CPU per call 100/200 us = 0.50"
+    assert peak.verdict == "PASS" and peak.name == "tiny peak rows/s over HTTP >= 1.2 x triton's HTTP peak"
+    assert peak.detail == "3000 (c=64) / 2400 (c=64) = 1.25"
+
+
+def test_protocol_targets_miss_and_skip():
+    dear = [*door_points()[:2], sweep_point("trtserve", "tiny", 64, 2500, 15_000.0, mode=HTTP_MODE, cpu_s=1.25)]
+    points = [*dear, sweep_point("triton", "tiny", 16, 2200, 7000.0, mode=HTTP_MODE)]
+    cpu, peak = protocol_targets(points)
+    assert cpu.verdict == "MISS" and cpu.detail.startswith("500/1000 us = 0.50")  # 0.5 > 0.4
+    assert peak.verdict == "MISS" and peak.detail == "2500 (c=64) / 2200 (c=16) = 1.14"
+    cpu, peak = protocol_targets(door_points()[1:])  # no gRPC sweep, no peer
+    assert cpu.verdict == "SKIP" and "--protocol grpc,http" in cpu.detail
+    assert peak.verdict == "SKIP" and peak.name.endswith("the peer's HTTP peak")
+
+
+def test_the_door_table_labels_every_row_and_gives_the_http_to_grpc_ratios():
+    points = [*door_points(), sweep_point("triton", "tiny", 64, 2400, 20_000.0, mode=HTTP_MODE, codes=("HTTP 503",))]
+    lines = format_protocol_table(points).splitlines()
+    rows = [line.split()[:3] for line in lines if line.startswith(("trtserve", "triton"))]
+    assert rows == [["trtserve", "grpc", "c=64"], ["trtserve", "http", "c=1"], ["trtserve", "http", "c=64"],
+                    ["triton", "http", "c=64"]]
+    assert "HTTP 503 1" in next(line for line in lines if line.startswith("triton"))
+    (ratios,) = [line for line in lines if "http/grpc" in line]  # only c=64 ran over both doors
+    assert ratios.split() == ["c=64", "trtserve", "http/grpc:", "server", "CPU", "per", "call", "300/1000", "us", "=",
+                              "0.30,", "client", "CPU", "per", "call", "100/200", "us", "=", "0.50,", "rows/s",
+                              "3000/2000", "=", "1.50"]
+    assert format_protocol_table(door_points()[:1]) == ""  # no HTTP point, no table

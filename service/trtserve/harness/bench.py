@@ -6,12 +6,14 @@ for each model:
 1. the raw reference while the server is idle: the model's ONNX file in ONNX Runtime
    directly, at batch sizes 1, 2, 4, … max_batch_size (best rows/s, batch-of-one latency);
 2. closed loop, a sweep of concurrent callers, over unary ModelInfer and one ModelStreamInfer
-   stream;
+   stream; the unary sweep runs over each door of ``--protocol`` (default both): gRPC, and
+   HTTP (KServe v2 REST ``POST /v2/models/<model>/infer``, mode ``closed-http``; the server is
+   started with ``--allow-http true --http-port 0``);
 3. open loop, Poisson arrivals at fractions of the capacity the closed loop measured (per
    transport), each request with a deadline (``timeout`` parameter) of ``--deadline-factor``
    × the raw batch-of-one latency;
-4. with ``--connections`` above 1, the closed-loop unary sweep again with every caller on
-   one connection (mode ``closed-1conn``);
+4. with ``--connections`` above 1, the closed-loop unary gRPC sweep again with every caller
+   on one connection (mode ``closed-1conn``);
 5. for ``--policy-models``, the dispatch-policy comparison (``benchlib.policies``): the
    closed-loop unary sweep at ``--policy-concurrency`` callers, and one Poisson trace per rate
    in ``--policy-rates`` replayed over a stream, each under the adaptive policy and each fixed
@@ -32,18 +34,23 @@ one printed line saying so, from the bench's ``grpc.aio`` client (``--client``):
 costs the bench far more CPU, on the server's cores, than the Go binary's, so beyond a fast
 model's capacity the Python client's own send lag, not the server, sets the figures.
 
-Unary calls are spread over ``--connections`` client connections (gRPC channels, default 8):
-the server's front-end processes share its port, and the kernel spreads connections, not
-requests. With ``--peer triton``, trtserve is then stopped and NVIDIA PyTriton
+Unary gRPC calls are spread over ``--connections`` client connections (gRPC channels, default
+8): the server's front-end processes share its port, and the kernel spreads connections, not
+requests. Over HTTP (``benchlib.httpclient``: aiohttp, bodies built before the clock as
+``tritonclient.http`` sends them by default, binary tensor extension in and out) each caller
+holds one kept-alive connection, since HTTP/1.1 carries one request at a time on a
+connection. With ``--peer triton``, trtserve is then stopped and NVIDIA PyTriton
 (``benchlib.peer``; its own venv under ``OUT/triton``, made once) serves the same model
-files with Triton's dynamic batcher; the same load generator runs the closed-loop unary
-sweep against it, and a comparison table gives the trtserve/Triton ratios per row.
+files with Triton's dynamic batcher; the same load generators run the closed-loop unary
+sweep against it over the same doors, a comparison table gives the trtserve/Triton ratios
+per row (gRPC), and a table by door sets every server's sweep over gRPC beside HTTP.
 
 Each point reports achieved rows/s, p50/p90/p99 latency (ms, send → answer), errors by
-status, deadline misses, the server's mean batch size (ModelStatistics deltas), the ratio of
-served rows/s to the raw best-batch rows/s, the CPU time per request (µs) of the server
-(its whole process tree) and of the bench client, and the server tree's resident memory (MiB)
-at the start of the window and after its last answer. Overload and mixed points add, per
+status (gRPC status names; over HTTP ``HTTP <status>``), deadline misses, the server's mean
+batch size (ModelStatistics deltas), the ratio of served rows/s to the raw best-batch rows/s,
+the CPU time per request (µs) of the server (its whole process tree) and of the bench client,
+and the server tree's resident memory (MiB) at the start of the window and after its last
+answer. Overload and mixed points add, per
 deadline class, goodput, late answers, refusals by status and p50/p99 of the OK answers.
 Output: tables and the targets (PASS/MISS) on the terminal, ``OUT/bench.json``,
 ``OUT/<model>_latency.png``, ``OUT/<model>_batches.png`` and, with the overload mode,
@@ -63,6 +70,7 @@ import os
 import platform
 import shlex
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -73,6 +81,7 @@ from trtserve.client import CHANNEL_OPTIONS
 from trtserve.harness.benchlib.compare import ONE_CONNECTION_MODE, SWEEP_MODE, anchor_targets, format_comparison
 from trtserve.harness.benchlib.deadlines import DeadlineClass
 from trtserve.harness.benchlib.goclient import LOADGEN, GoLoadgen, unavailable_reason
+from trtserve.harness.benchlib.httpclient import RestClient
 from trtserve.harness.benchlib.load import LoadGenerator, open_channels
 from trtserve.harness.benchlib.overload import (
     MIXED_MODE,
@@ -93,6 +102,15 @@ from trtserve.harness.benchlib.policies import (
     policy_targets,
 )
 from trtserve.harness.benchlib.proctree import tree_cpu_seconds, tree_rss_mib
+from trtserve.harness.benchlib.protocols import (
+    GRPC,
+    HTTP,
+    HTTP_MODE,
+    PROTOCOLS,
+    format_protocol_table,
+    parse_protocols,
+    protocol_targets,
+)
 from trtserve.harness.benchlib.raw import measure_raw
 from trtserve.harness.benchlib.report import (
     MODES,
@@ -144,6 +162,13 @@ def _policy_list(text: str) -> list[PolicyChoice]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _protocol_list(text: str) -> list[str]:
+    try:
+        return parse_protocols(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _names(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
@@ -189,6 +214,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--mixed-duration", type=float, default=5.0, help="mixed: seconds measured per point (default: 5)")
     add("--requests", type=int, default=1024, help="distinct prebuilt requests per model (default: 1024)")
     add("--seed", type=int, default=0, help="seed of the inputs and the Poisson arrivals (default: 0)")
+    add("--protocol", type=_protocol_list, default=list(PROTOCOLS),
+        help="doors of the closed-loop unary sweep (closed-unary), comma-separated: 'grpc', 'http' (KServe v2 "
+             "REST, binary tensors, one kept-alive connection per caller); with --peer, for the peer too "
+             "(default: grpc,http)")
     add("--connections", type=_positive_int, default=8,
         help="client connections (gRPC channels) the unary callers are spread over, for every server; above 1 "
              "the closed-loop unary sweep also runs over one (default: 8)")
@@ -220,9 +249,12 @@ def run(args: argparse.Namespace) -> int:
     texts = load_texts(args.data, args.requests, rng) if (args.data / CORPUS).is_file() else []
     workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng) for m in args.models}
     args.out.mkdir(parents=True, exist_ok=True)
-    serve_args = (*(("--frontends", args.frontends) if args.frontends else ()), *shlex.split(args.serve_args))
+    serve_args = (*(("--frontends", args.frontends) if args.frontends else ()),
+                  *(("--allow-http", "true", "--http-port", "0") if HTTP in args.protocol else ()),
+                  *shlex.split(args.serve_args))
     with ServerProcess(args.model_repository, *serve_args) as server:
-        print(f"server under test: pid {server.pid} at {server.url}", flush=True)
+        http = f", HTTP at {server.http_url}" if server.http_url else ""
+        print(f"server under test: pid {server.pid} at {server.url}{http}", flush=True)
         raws, points = asyncio.run(_bench(args, workloads, server, rng, use_go))
     if args.peer:
         try:
@@ -230,17 +262,19 @@ def run(args: argparse.Namespace) -> int:
         except PeerSetupError as exc:
             raise SystemExit(str(exc)) from None
         with peer:
-            print(f"peer {args.peer}: pid {peer.pid} at {peer.url}", flush=True)
+            http = f", HTTP at {peer.http_url}" if peer.http_url else ""
+            print(f"peer {args.peer}: pid {peer.pid} at {peer.url}{http}", flush=True)
             points += asyncio.run(_peer_sweep(args, workloads, raws, peer))
 
     print()
     print(format_tables(points, raws))
     print(format_comparison(points))
+    print(format_protocol_table(points))
     print(format_policy_table(points))
     print(format_overload_table(points))
     print(format_mixed_table(points))
-    targets = (check_targets(points, raws) + anchor_targets(points, raws) + policy_targets(points)
-               + overload_targets(points) + mixed_targets(points))
+    targets = (check_targets(points, raws) + anchor_targets(points, raws) + protocol_targets(points)
+               + policy_targets(points) + overload_targets(points) + mixed_targets(points))
     print("targets:")
     for target in targets:
         print("  " + target.line())
@@ -308,13 +342,11 @@ async def _bench(
             print(f"{model}: raw best {raw.best.rows_per_s:.1f} rows/s at batch {raw.best.batch}, "
                   f"batch-of-one {raw.batch1_ms:.3f} ms", flush=True)
             for mode in (m for m in MODES if m in args.modes):
-                async for point in mode_points(args, gen, workload, raw, mode, points, rng):
+                sweeps = (_unary_sweeps(args, gen, server, workload, raw) if mode == SWEEP_MODE
+                          else mode_points(args, gen, workload, raw, mode, points, rng))
+                async for point in sweeps:
                     points.append(point)
-                    print(f"{model:8} {mode:13} {format_row(point)}", flush=True)
-                if mode == SWEEP_MODE and gen.connections > 1:
-                    async for point in closed_unary(args, gen.with_connections(1), workload, raw, ONE_CONNECTION_MODE):
-                        points.append(point)
-                        print(f"{model:8} {ONE_CONNECTION_MODE:13} {format_row(point)}", flush=True)
+                    print(f"{model:8} {point.mode:13} {format_row(point)}", flush=True)
             if POLICY_MODE in args.modes and model in args.policy_models:
                 async for point in policy_points(args, channel, gen, workload, raw, points, rng):
                     points.append(point)
@@ -331,11 +363,36 @@ async def _bench(
     return raws, points
 
 
+async def _unary_sweeps(
+    args: argparse.Namespace, gen: LoadGenerator, server: ChildServer, workload: Workload, raw: RawReference,
+    name: str = SERVER,
+) -> AsyncIterator[Point]:
+    """The closed-loop unary sweep of ``server`` (called ``name`` in the points) over each door
+    of ``--protocol``: over gRPC (for trtserve with ``--connections`` above 1, again over one
+    connection), then over HTTP at ``server.http_url``.
+
+    Raises:
+        SystemExit: HTTP asked of a server that announced no HTTP door.
+    """
+    if GRPC in args.protocol:
+        async for point in closed_unary(args, gen, workload, raw, SWEEP_MODE, server=name):
+            yield point
+        if name == SERVER and gen.connections > 1:
+            async for point in closed_unary(args, gen.with_connections(1), workload, raw, ONE_CONNECTION_MODE):
+                yield point
+    if HTTP in args.protocol:
+        if not server.http_url:
+            raise SystemExit(f"--protocol http: {server.name} announced no HTTP door:\n" + "".join(server.output))
+        async with RestClient(server.http_url, max(args.concurrency)) as rest:
+            async for point in closed_unary(args, gen.over_http(rest), workload, raw, HTTP_MODE, server=name):
+                yield point
+
+
 async def _peer_sweep(
     args: argparse.Namespace, workloads: dict[str, Workload], raws: dict[str, RawReference], peer: ChildServer,
 ) -> list[Point]:
-    """The closed-loop unary sweep against the peer, over as many connections as trtserve
-    had; its ratios use the raw references measured beside trtserve."""
+    """The closed-loop unary sweep against the peer over the same doors, as many gRPC
+    connections as trtserve had; its ratios use the raw references measured beside trtserve."""
     points: list[Point] = []
     channels = open_channels(peer.url, args.connections, CHANNEL_OPTIONS)
     try:
@@ -343,9 +400,9 @@ async def _peer_sweep(
         for model, workload in workloads.items():
             if not await gen.model_ready(model):
                 raise SystemExit(f"model '{model}' is not ready on the peer:\n" + "".join(peer.output))
-            async for point in closed_unary(args, gen, workload, raws[model], SWEEP_MODE, server=args.peer):
+            async for point in _unary_sweeps(args, gen, peer, workload, raws[model], name=args.peer):
                 points.append(point)
-                print(f"{model:8} {args.peer + ' ' + SWEEP_MODE:13} {format_row(point)}", flush=True)
+                print(f"{model:8} {args.peer + ' ' + point.mode:13} {format_row(point)}", flush=True)
     finally:
         for c in channels:
             await c.close()

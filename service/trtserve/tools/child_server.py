@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 _LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
+_HTTP = re.compile(r"HTTP on ([\d.]+):(\d+)")
+"""The HTTP door's line, printed before the "listening" one (``trtserve HTTP on HOST:PORT``)."""
 
 
 class ChildServer:
@@ -31,7 +33,8 @@ class ChildServer:
     no orphan survives.
 
     Args:
-        cmd: the command line; the server prints ``listening on HOST:PORT`` once it serves.
+        cmd: the command line; the server prints ``listening on HOST:PORT`` once it serves
+            and, where it also serves HTTP, ``HTTP on HOST:PORT`` before that line.
         env: the child's environment (default: this process's).
         start_timeout: seconds to wait for the "listening" line.
         name: what the error messages call the server.
@@ -47,6 +50,7 @@ class ChildServer:
         self.start_timeout = start_timeout
         self.name = name
         self.url = ""
+        self.http_url = ""  # HOST:PORT of the HTTP door; empty when the server announced none
         self.output: deque[str] = deque(maxlen=200)
         # Set at the end of the output: once every process writing to it (the server, its
         # model workers, multiprocessing's resource tracker) has exited.
@@ -62,6 +66,9 @@ class ChildServer:
             assert self.proc is not None and self.proc.stdout is not None
             for line in self.proc.stdout:
                 self.output.append(line)
+                http = _HTTP.search(line)
+                if http and not self.http_url:
+                    self.http_url = f"{http.group(1)}:{http.group(2)}"
                 match = _LISTENING.search(line)
                 if match and not listening.is_set():
                     self.url = f"{match.group(1)}:{match.group(2)}"
@@ -107,7 +114,8 @@ class ChildServer:
 
 
 class ServerProcess(ChildServer):
-    """``with ServerProcess(repository) as srv:`` — ``trtserve serve`` at ``srv.url``.
+    """``with ServerProcess(repository) as srv:`` — ``trtserve serve`` at ``srv.url`` (gRPC) and,
+    with ``--allow-http true --http-port 0`` among ``extra_args``, at ``srv.http_url`` (HTTP).
 
     Args:
         repository: the model repository directory.

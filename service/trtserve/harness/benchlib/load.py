@@ -30,11 +30,13 @@ import grpc
 import numpy as np
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
+from trtserve.harness.benchlib.protocols import GRPC, HTTP
 from trtserve.harness.benchlib.records import Recorder
 from trtserve.harness.benchlib.report import Snapshot
 
 if TYPE_CHECKING:
     from trtserve.harness.benchlib.goclient import GoLoadgen
+    from trtserve.harness.benchlib.httpclient import RestClient, RestRequest
 
 METHOD = "/inference.GRPCInferenceService/"
 CALL_TIMEOUT_S = 300.0
@@ -118,6 +120,7 @@ class LoadGenerator:
     Unary calls are spread over the channels: caller k of a closed loop (request k of an
     open loop) uses channel ``k mod len(channels)``, as many clients, or a client's channel
     pool, would spread them. The stream, ModelStatistics and ModelReady use the first channel.
+    :meth:`over_http` gives a generator whose closed-loop unary calls go to the HTTP door instead.
 
     Args:
         channels: ``grpc.aio`` channels to the server, each its own connection (see
@@ -157,11 +160,26 @@ class LoadGenerator:
         self.warmup_s = warmup_s
         self.duration_s = duration_s
         self._go = go
+        self._rest: RestClient | None = None
 
     @property
     def connections(self) -> int:
-        """Channels the unary calls are spread over."""
-        return len(self._infers)
+        """Connections the unary calls are spread over: channels, or at most this many HTTP
+        connections over HTTP (one per caller in flight)."""
+        return len(self._infers) if self._rest is None else self._rest.connections
+
+    @property
+    def protocol(self) -> str:
+        """The door of the unary calls: ``grpc`` or ``http``."""
+        return GRPC if self._rest is None else HTTP
+
+    def over_http(self, rest: RestClient) -> LoadGenerator:
+        """The same generator (its channels still read the counters and ModelReady) with its
+        closed-loop unary calls sent by ``rest`` to the HTTP door: their messages are then
+        :class:`~.httpclient.RestRequest` bodies, not serialized ModelInferRequests."""
+        other = copy.copy(self)
+        other._rest = rest
+        return other
 
     def with_duration(self, duration_s: float) -> LoadGenerator:
         """The same generator (channels, counters, warm-up) with another window length."""
@@ -203,9 +221,12 @@ class LoadGenerator:
             server_rss_mib=self._server_rss_mib() if self._server_rss_mib is not None else None,
         )
 
-    async def _unary(self, message: bytes, k: int, timeout_s: float = CALL_TIMEOUT_S) -> str:
+    async def _unary(self, message: bytes | RestRequest, k: int, timeout_s: float = CALL_TIMEOUT_S) -> str:
         """Send ``message`` on channel ``k mod connections`` with a gRPC deadline of
-        ``timeout_s`` seconds; its status name."""
+        ``timeout_s`` seconds (over HTTP: on a free kept-alive connection, given up after
+        ``timeout_s``); its status name."""
+        if self._rest is not None:
+            return await self._rest.infer(message, timeout_s)
         try:
             await self._infers[k % len(self._infers)](message, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
@@ -241,8 +262,10 @@ class LoadGenerator:
             after=after,
         )
 
-    async def closed_unary(self, model: str, messages: Sequence[bytes], concurrency: int) -> Window:
-        """``concurrency`` callers, each sending its next ModelInfer when the last is answered."""
+    async def closed_unary(self, model: str, messages: Sequence[bytes] | Sequence[RestRequest],
+                           concurrency: int) -> Window:
+        """``concurrency`` callers, each sending its next ModelInfer (over HTTP: REST infer
+        request) when the last is answered."""
 
         async def caller(first: int, recorder: Recorder, stop: asyncio.Event) -> None:
             i = first
@@ -301,7 +324,10 @@ class LoadGenerator:
         ``k mod len(messages)``, whose deadline is ``deadline_s`` (seconds; one for all, or one
         per message, in the order of ``messages``); with ``grpc_deadline`` the call's gRPC
         deadline is that deadline too. With the Go client (``go``) the same schedule, window and
-        records, sent by the binary. Raises RuntimeError when the binary fails."""
+        records, sent by the binary. Raises RuntimeError when the binary fails, ValueError
+        over HTTP (the open loop drives the gRPC door only)."""
+        if self._rest is not None:
+            raise ValueError("the open loop drives the gRPC door only")
         if isinstance(deadline_s, (int, float)):
             deadlines = [float(deadline_s)] * len(messages)
         else:

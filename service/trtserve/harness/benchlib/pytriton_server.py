@@ -16,7 +16,8 @@ is packed and padded by trtserve's own ``pack`` (so the engine sees the feeds th
 raw reference times) and cut back with ``unpack`` and ``postprocess``. So both servers
 take the very same request bytes and do the same work per row.
 
-Prints ``listening on 127.0.0.1:PORT`` (the gRPC port) once Triton serves, and stops
+Prints ``HTTP on 127.0.0.1:PORT`` (Triton's HTTP door) and then ``listening on
+127.0.0.1:PORT`` (the gRPC port) once Triton serves, and stops
 Triton (and its worker processes) on SIGTERM or SIGINT. Imports numpy, onnxruntime,
 pytriton and the parts of trtserve without grpc or protobuf.
 """
@@ -109,6 +110,7 @@ def main(argv: list[str]) -> int:
                 strict=True,
             )
         triton.run()
+        print(f"HTTP on {HOST}:{http_port}", flush=True)
         print(f"listening on {HOST}:{grpc_port}", flush=True)
         stop.wait()
     return 0

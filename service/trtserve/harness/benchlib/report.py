@@ -69,7 +69,8 @@ class Measurement:
         window_s: length of the measuring window in seconds.
         rows_per_request: rows (batch dim) in each request.
         latency_us: per request, microseconds from sending it to its answer.
-        codes: per request, the gRPC status name of its answer (``"OK"``, ...).
+        codes: per request, the gRPC status name of its answer (``"OK"``, ...); over HTTP,
+            ``"OK"`` or ``"HTTP <status>"`` (:func:`.httpclient.status_name`).
         late: answers that came back OK but later than the request's deadline.
         deadline_us: the ``timeout`` parameter each request carried (µs), or None.
         send_lag_us: open loop: per request, microseconds the generator sent it after its
@@ -77,7 +78,8 @@ class Measurement:
         before, after: counters at the start of the window and after the last answer.
         policy: the dispatch policy the server ran (policy comparison points); else None.
         server: which server was driven: :data:`SERVER` or a peer (``"triton"``).
-        connections: client connections (gRPC channels) the unary calls were spread over.
+        connections: client connections (gRPC channels; HTTP connections) the unary calls
+            were spread over.
         classes: the requests by deadline class (overload and mixed modes); else empty.
     """
 

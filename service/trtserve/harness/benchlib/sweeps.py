@@ -28,6 +28,7 @@ from trtserve.harness.benchlib.overload import (
     mixed_deadlines_us,
 )
 from trtserve.harness.benchlib.policies import CLOSED_MODE, OPEN_MODE, PolicyChoice, get_policy, set_policy
+from trtserve.harness.benchlib.protocols import HTTP
 from trtserve.harness.benchlib.report import SERVER, Measurement, Point, RawReference, format_row, summarize
 from trtserve.harness.benchlib.workload import Workload, poisson_arrivals
 
@@ -47,12 +48,17 @@ async def closed_unary(
     args: argparse.Namespace, gen: LoadGenerator, workload: Workload, raw: RawReference, mode: str,
     server: str = SERVER,
 ) -> AsyncIterator[Point]:
-    """The closed-loop unary sweep over ``--concurrency``, as points of ``mode`` and ``server``."""
+    """The closed-loop unary sweep over ``--concurrency``, as points of ``mode`` and ``server``,
+    over the generator's door (:attr:`.LoadGenerator.protocol`)."""
     model = workload.spec.name
-    messages = workload.messages(max(len(workload.requests), max(args.concurrency) + 1))
+    count = max(len(workload.requests), max(args.concurrency) + 1)
+    http = gen.protocol == HTTP
+    messages = workload.rest_requests(count) if http else workload.messages(count)
     for concurrency in args.concurrency:
         window = await gen.closed_unary(model, messages, concurrency)
-        yield to_point(model, mode, concurrency, None, None, window, raw, server=server, connections=gen.connections)
+        # HTTP/1.1: one request at a time per connection, so each caller in flight holds its own.
+        connections = min(concurrency, gen.connections) if http else gen.connections
+        yield to_point(model, mode, concurrency, None, None, window, raw, server=server, connections=connections)
         await asyncio.sleep(SETTLE_S)
 
 

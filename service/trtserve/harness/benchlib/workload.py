@@ -16,6 +16,7 @@ import numpy as np
 from trtserve.client import build_request
 from trtserve.datatypes import Tensors
 from trtserve.handlers import load_handler
+from trtserve.harness.benchlib.httpclient import RestRequest, rest_request
 from trtserve.repository import load_spec
 from trtserve.runtimes.base import Batch, StagingBuffers, pack
 from trtserve.spec import ModelSpec, TensorSpec
@@ -92,6 +93,14 @@ class Workload:
             ).SerializeToString()
             for i in range(n)
         ]
+
+    def rest_requests(self, count: int | None = None) -> list[RestRequest]:
+        """The same requests as KServe v2 REST infer bodies (:func:`.httpclient.rest_request`:
+        binary tensor extension, as ``tritonclient.http`` sends by default), cycled to ``count``
+        (default: one per request)."""
+        n = len(self.requests) if count is None else count
+        bodies = [rest_request(self.spec.name, inputs) for inputs in self.requests[:n]]
+        return [bodies[i % len(bodies)] for i in range(n)]
 
     def engine_batches(self, batch: int, engine_inputs: Sequence[TensorSpec], limit: int) -> list[Tensors]:
         """Up to ``limit`` engine feeds of ``batch`` consecutive rows each, packed and padded
