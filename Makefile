@@ -8,7 +8,7 @@ GEN := service/trtserve/_proto
 PROTOS := $(wildcard protos/inference/*.proto protos/trtserve/v1/*.proto)
 DATA ?= ../shared/data
 
-.PHONY: setup protos engine serve demo test lint reliability bench loadgen clients clean fuzz soak
+.PHONY: setup protos engine serve demo test lint docs reliability bench loadgen clients clean fuzz soak
 
 ## setup: create .venv with the server, export and dev extras (CPU builds; no GPU needed)
 setup: $(VENV)/.installed
@@ -55,6 +55,11 @@ test: engine lint
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check service tests tools engines clients
 	$(VENV)/bin/lint-imports
+
+## docs: regenerate the reference pages made from the code (docs/reference/cli.md from the argument
+## parser, metrics.md from the metric families); `make test` fails while a committed page differs
+docs: $(VENV)/.installed
+	$(PY) tools/reference_docs.py
 
 ## fuzz: the long fuzzing run of the request path, unary and streaming (hypothesis, against a live
 ## server); `make test` runs the same tests with a short budget (150 examples)
