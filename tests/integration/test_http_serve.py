@@ -1,7 +1,8 @@
 """``trtserve serve --allow-http true`` as a child process, one front end (in process) and two
 (the process tree): the HTTP door answers ``tritonclient.http`` as the gRPC door answers;
 SIGTERM drains it (a request admitted before the signal is answered 200, new ones are refused
-503, the process exits 0); and ``--allow-http`` with TLS stops with one sentence (exit 2).
+503, the process exits 0); an HTTP port without the door, or one in use, stops with one sentence
+(exit 2). HTTPS: ``test_http_tls.py``.
 """
 
 from __future__ import annotations
@@ -122,19 +123,6 @@ def test_http_infer_and_sigterm_drain(repo, frontends):
     output = "".join(srv.output)
     assert exit_code == 0, output
     assert "Traceback" not in output, output
-
-
-def test_allow_http_with_tls_exits_2_with_one_sentence(repo, tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--port", "0",
-         "--allow-http", "true", "--http-port", "0", "--tls-cert", str(tmp_path / "x.pem"),
-         "--tls-key", str(tmp_path / "y.pem")],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 2, done.stdout + done.stderr
-    message = done.stderr.strip()
-    assert "\n" not in message and "Traceback" not in message, message
-    assert "TLS" in message and "--allow-http" in message, message
 
 
 def test_an_http_port_without_the_http_door_exits_2_with_one_sentence(repo):
