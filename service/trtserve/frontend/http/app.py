@@ -309,8 +309,8 @@ class RestApp:
 def _parse(body: bytes, headers: dict[bytes, bytes], model: str, version: str) -> rest.RestInfer:
     length = headers.get(rest.HEADER_LENGTH.encode())
     if length is not None and not length.isdigit():
-        raise InvalidRequest(f"Inference-Header-Content-Length must be a number of bytes, "
-                             f"got {length.decode('latin-1')!r}")
+        raise InvalidRequest(f"Inference-Header-Content-Length must be a whole number of bytes (the length of the "
+                             f"JSON part), got {length.decode('latin-1')!r}")
     return rest.parse_infer(body, int(length) if length is not None else None, model, version)
 
 
