@@ -99,8 +99,10 @@ async def start_http(state: FrontendState, *, host: str = "127.0.0.1", port: int
         ValueError: ``tls`` not read from files.
     """
     app = RestApp(state, max_body_bytes=max_body_bytes, auth_token=auth_token, auth_health=auth_health)
+    # log_config None: uvicorn's loggers propagate to the root one trtserve.logs configured
+    # (--log-format json included) instead of uvicorn's own text handlers.
     config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False,
-                            log_level="warning", server_header=False, date_header=False,
+                            log_config=None, log_level="warning", server_header=False, date_header=False,
                             h11_max_incomplete_event_size=max_body_bytes, **ssl_options(tls))
     config.load()  # with TLS, makes the SSLContext (the files were checked by TlsConfig.from_files)
     server = uvicorn.Server(config)
