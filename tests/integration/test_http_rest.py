@@ -533,25 +533,43 @@ def test_a_model_unloaded_or_failed_is_not_ready_503(make_server, engines, tmp_p
 
 # -- auth ----------------------------------------------------------------------------------
 
-ROUTES = [
+ROUTES = [  # every route of the door (checked against its table below); unload before load
     ("GET", "/v2/health/live", None),
     ("GET", "/v2/health/ready", None),
     ("GET", "/v2", None),
     ("GET", "/v2/models/tiny", None),
     ("GET", "/v2/models/tiny/versions/1", None),
     ("GET", "/v2/models/tiny/ready", None),
+    ("GET", "/v2/models/tiny/versions/1/ready", None),
     ("GET", "/v2/models/tiny/config", None),
     ("GET", "/v2/models/tiny/stats", None),
     ("GET", "/v2/models/stats", None),
     ("POST", "/v2/models/tiny/infer", GOOD),
+    ("POST", "/v2/models/tiny/versions/1/infer", GOOD),
     ("POST", "/v2/repository/index", b""),
+    ("POST", "/v1/embeddings", json.dumps({"model": "minilm", "input": "hello"})),
+    ("GET", "/v1/models", None),
+    ("POST", "/v2/repository/models/tiny/unload", b""),
+    ("POST", "/v2/repository/models/tiny/load", b""),
 ]
+
+
+def test_the_auth_cases_cover_every_route():
+    from trtserve.frontend.http.app import _ROUTES
+
+    covered = {name for method, path, _ in ROUTES for verb, pattern, name in _ROUTES
+               if verb == method and pattern.fullmatch(path)}
+    assert covered == {name for _, _, name in _ROUTES}
 
 
 @pytest.mark.parametrize("auth_health", [False, True], ids=["health-open", "health-protected"])
 def test_bearer_token(make_server, engines, tmp_path, auth_health):
-    root = link_models(engines, tmp_path / "models", "tiny")
-    srv = make_server(root, http=True, frontends=2, auth_token="s3cret", auth_health=auth_health)
+    from trtserve.engine.lifecycle import ControlMode, LifecycleConfig
+
+    root = link_models(engines, tmp_path / "models", "tiny", "minilm")
+    lifecycle = LifecycleConfig(mode=ControlMode.EXPLICIT, load_models=("*",))
+    srv = make_server(root, http=True, frontends=2, auth_token="s3cret", auth_health=auth_health,
+                      lifecycle=lifecycle)
     good = {"Authorization": "Bearer s3cret"}
     for method, path, body in ROUTES:
         open_route = path.startswith("/v2/health/") and not auth_health
@@ -559,12 +577,13 @@ def test_bearer_token(make_server, engines, tmp_path, auth_health):
             status, headers, answer = request(srv.http_url, method, path, body, bad)
             if open_route:
                 assert status == 200, (path, bad, answer)
+            elif path.startswith("/v1/"):  # OpenAI's error shape
+                assert status == 401 and json.loads(answer)["error"]["code"] == "invalid_api_key", (path, answer)
             else:
                 assert status == 401, (path, bad, answer)
                 assert "authorization" in error_of(status, headers, answer)
-        assert request(srv.http_url, method, path, body, good)[0] == 200, path
-    for path in ("/v2/repository/models/tiny/load", "/v2/repository/models/tiny/unload"):
-        assert request(srv.http_url, "POST", path, b"")[0] == 401
+        status, _, answer = request(srv.http_url, method, path, body, good)
+        assert status == 200, (path, answer)
     # tritonclient.http sends the token as a header it is given.
     c = th.InferenceServerClient(srv.http_url)
     try:
