@@ -527,8 +527,22 @@ def test_a_model_unloaded_or_failed_is_not_ready_503(make_server, engines, tmp_p
         c.load_model("tiny")
         assert c.is_model_ready("tiny")
         assert request(srv.http_url, "POST", "/v2/models/tiny/infer", GOOD)[0] == 200
+        # Reloaded with a config override (tritonclient's config=), then from its own config again.
+        config = c.get_model_config("tiny")
+        c.load_model("tiny", config=json.dumps({**config, "max_batch_size": 8}))
+        assert c.get_model_config("tiny")["max_batch_size"] == 8
+        c.load_model("tiny")
+        assert c.get_model_config("tiny")["max_batch_size"] == config["max_batch_size"] != 8
     finally:
         c.close()
+
+
+def test_load_and_unload_are_refused_in_mode_none(client):
+    for call in (client.load_model, client.unload_model):
+        with pytest.raises(InferenceServerException) as err:
+            call("tiny")
+        assert err.value.status() == "503" and "model control mode 'none'" in err.value.message(), err.value
+    assert client.is_model_ready("tiny")
 
 
 # -- auth ----------------------------------------------------------------------------------
