@@ -1,5 +1,5 @@
 """HTTPS on the HTTP door with the gRPC door's certificate flags (``--tls-cert``, ``--tls-key``,
-``--tls-ca``): ``tritonclient.http`` with ``ssl=True`` and a plain ``http.client`` client answer
+``--tls-ca``): ``tritonclient.http`` with ``ssl=True``, a plain ``http.client`` client and curl answer
 as over plain HTTP (byte for byte the gRPC door's answer), a client that does not trust the CA
 or speaks plain HTTP gets nothing, mutual TLS refuses a client without a certificate, the bearer
 token is still asked for under TLS, and ``trtserve serve --allow-http true --tls-cert ...``
@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import ssl
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +26,7 @@ import tritonclient.http as th
 
 from integration.certificates import make_certificates, write_certificates
 from integration.test_http_rest import GOOD, infer_input, link_models, tiny_input
+from integration.test_http_serve import http_url
 from trtserve.client import Client, Credentials
 from trtserve.frontend.grpc.security import TlsConfig
 from trtserve.tools.child_server import ServerProcess
@@ -108,6 +112,24 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_and_keeps_the_token(m
         c.close()
 
 
+def test_curl_with_the_readme_flags(make_server, engines, tmp_path, pem):
+    """The README's HTTPS curl forms: ``--cacert`` (TLS); ``--cert``/``--key`` too (mutual TLS)."""
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed on this machine: the HTTPS curl forms cannot run (apt-get install curl)")
+    root = link_models(engines, tmp_path / "models", "tiny")
+    for client_ca in (None, pem["ca"]):
+        srv = make_server(root, http=True, tls=TlsConfig.from_files(pem["server_cert"], pem["server_key"], client_ca))
+        command = ["curl", "-s", "--cacert", str(pem["ca"]), f"https://{srv.http_url}/v2/models/tiny/infer", "-d", GOOD]
+        if client_ca:
+            refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+            assert refused.returncode != 0, refused.stdout  # no client certificate: no answer
+            command += ["--cert", str(pem["client_cert"]), "--key", str(pem["client_key"])]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["outputs"][0]["name"] == "OUTPUT"
+        srv.stop()
+
+
 def test_the_http_door_takes_tls_read_from_files_only(make_server, engines, tmp_path, pem):
     root = link_models(engines, tmp_path / "models", "tiny")
     in_memory = TlsConfig(pem["server_cert"].read_bytes(), pem["server_key"].read_bytes())
@@ -121,8 +143,6 @@ def test_serve_allow_http_with_tls_flags_serves_https(engines, tmp_path, pem, fr
     flags = ["--frontends", frontends, "--allow-http", "true", "--http-port", "0",
              "--tls-cert", str(pem["server_cert"]), "--tls-key", str(pem["server_key"])]
     with ServerProcess(root, *flags) as srv:
-        from integration.test_http_serve import http_url
-
         url = http_url(srv)
         x = tiny_input(2, seed=1)
         c = th.InferenceServerClient(url, ssl=True, ssl_options={"ca_certs": str(pem["ca"])})
@@ -136,9 +156,6 @@ def test_serve_allow_http_with_tls_flags_serves_https(engines, tmp_path, pem, fr
 
 
 def test_serve_with_a_key_that_is_not_pem_exits_2_naming_it(engines, tmp_path, pem):
-    import subprocess
-    import sys
-
     root = link_models(engines, tmp_path / "models", "tiny")
     (tmp_path / "bad.pem").write_text("not a key\n")
     done = subprocess.run(
