@@ -141,7 +141,8 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics HTTP port (default: 0, off)")
     serve.add_argument("--metrics-host", default="127.0.0.1",
                        help="address of the metrics endpoint (default: 127.0.0.1)")
-    serve.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM); with --tls-key, serve TLS")
+    serve.add_argument("--tls-cert", type=Path,
+                       help="server certificate chain (PEM); with --tls-key, serve TLS (and HTTPS with --allow-http)")
     serve.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     serve.add_argument("--tls-ca", type=Path,
                        help="CA certificates (PEM) for mutual TLS: clients must present a certificate signed by them")
@@ -232,10 +233,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not 0 <= value <= 65535:
             print(f"trtserve serve: {flag} must be in 0..65535 (0: a free one), got {value}", file=sys.stderr)
             return 2
-    if args.allow_http and args.tls_cert:
-        print("trtserve serve: TLS is served on the gRPC port only: the HTTP door has no TLS yet (serve it behind a "
-              "TLS-terminating proxy, or leave out --allow-http)", file=sys.stderr)
-        return 2
     try:
         frontends = default_frontends() if args.frontends == "auto" else int(args.frontends)
         if frontends < 1:

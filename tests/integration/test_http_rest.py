@@ -1,8 +1,9 @@
 """The HTTP door (KServe v2 REST with Triton's binary tensor extension) against the unchanged
 ``tritonclient.http`` and plain ``http.client``: health, metadata, config, statistics and the
 repository index; inference in JSON and binary, each answer equal byte for byte to the gRPC
-door's for the same input; every error class with its HTTP status and ``{"error": ...}`` body;
-draining and a model that is not ready (503); the bearer token.
+door's for the same input; every error class with its HTTP status and ``{"error": ...}`` body; a
+``Content-Length`` that differs from the body; draining, a model unloaded and loaded again or
+failed (503); the bearer token on every route.
 
 In-process servers (``ServerThread``, one front end and two sharing the port) on 127.0.0.1.
 ``tritonclient.http`` imports none of tritonclient's protobuf modules, so it can share this
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
+import socket
 import sys
 import textwrap
 import threading
@@ -329,14 +332,28 @@ ERRORS = {
         {"inputs": [{"name": "INPUT", "shape": [1, 64], "datatype": "INT32", "data": list(range(64))}]}), {}, 400,
                        ["'INPUT'", "INT32", "FP32"]),
     "wrong-shape": ("POST", "/v2/models/tiny/infer", GOOD.replace("[1, 64]", "[1, 32]"), {}, 400, ["'INPUT'"]),
+    "shape-not-a-list": ("POST", "/v2/models/tiny/infer", GOOD.replace("[1, 64]", '"1x64"'), {}, 400,
+                         ["'INPUT'", "'shape' must be a list of integers", "'1x64'"]),
+    "data-not-numbers": ("POST", "/v2/models/tiny/infer", json.dumps(
+        {"inputs": [{"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1.0, "two"]}]}), {}, 400,
+                         ["'INPUT'", "FP32 data must be numbers"]),
     "binary-past-the-body": ("POST", "/v2/models/tiny/infer", BINARY_HEAD.encode() + bytes(100),
                              {"Inference-Header-Content-Length": str(len(BINARY_HEAD))}, 400,
                              ["'INPUT'", "binary_data_size 256", "past the end"]),
     "header-length-not-a-number": ("POST", "/v2/models/tiny/infer", GOOD, {"Inference-Header-Content-Length": "ten"},
-                                   400, ["Inference-Header-Content-Length", "got 'ten'"]),
+                                   400, ["Inference-Header-Content-Length", "whole number of bytes", "got 'ten'"]),
+    "header-length-not-an-integer": ("POST", "/v2/models/tiny/infer", GOOD,
+                                     {"Inference-Header-Content-Length": "12.5"}, 400,
+                                     ["Inference-Header-Content-Length", "whole number of bytes", "got '12.5'"]),
+    "header-length-negative": ("POST", "/v2/models/tiny/infer", GOOD, {"Inference-Header-Content-Length": "-1"},
+                               400, ["Inference-Header-Content-Length", "whole number of bytes", "got '-1'"]),
+    "header-length-empty": ("POST", "/v2/models/tiny/infer", GOOD, {"Inference-Header-Content-Length": ""},
+                            400, ["Inference-Header-Content-Length", "got ''"]),
+    "header-length-zero": ("POST", "/v2/models/tiny/infer", GOOD, {"Inference-Header-Content-Length": "0"}, 400,
+                           ["Inference-Header-Content-Length 0", "raw binary request", "not supported"]),
     "header-length-past-the-body": ("POST", "/v2/models/tiny/infer", GOOD,
                                     {"Inference-Header-Content-Length": "999999"}, 400,
-                                    ["Inference-Header-Content-Length"]),
+                                    ["Inference-Header-Content-Length is 999999", f"the body has {len(GOOD)} bytes"]),
     "unknown-model-infer": ("POST", "/v2/models/no_such_model/infer", GOOD, {}, 404, ["no_such_model"]),
     "unknown-model-metadata": ("GET", "/v2/models/no_such_model", None, {}, 404, ["no_such_model"]),
     "unknown-model-config": ("GET", "/v2/models/no_such_model/config", None, {}, 404, ["no_such_model"]),
@@ -391,6 +408,42 @@ def test_a_body_of_exactly_the_limit_is_read(srv):
     assert json.loads(body)["id"].startswith("ppp")
 
 
+def raw_exchange(url: str, head: bytes, body: bytes, *, half_close: bool = False) -> bytes:
+    """Send ``head`` and ``body`` on a socket of its own (``half_close``: then shut the writing
+    side) and read until the server closes: every byte it answered."""
+    host, port = url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(head + body)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_a_content_length_that_differs_from_the_body_runs_nothing(srv, client, caplog):
+    """Fewer bytes than ``Content-Length`` (the client then closes): no answer, nothing run, no
+    error logged for a client that left; more bytes than it: 400 and the connection closed (the
+    bytes after the body are not a request), nothing run. The door answers on."""
+    body = GOOD.encode()
+
+    def head(length: int) -> bytes:
+        return f"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: t\r\nContent-Length: {length}\r\n\r\n".encode()
+
+    def successes() -> int:
+        sync_records(srv)
+        return client.get_inference_statistics("tiny")["model_stats"][0]["inference_stats"]["success"]["count"]
+
+    before = successes()
+    assert raw_exchange(srv.http_url, head(len(body) + 10), body, half_close=True) == b""
+    answer = raw_exchange(srv.http_url, head(len(body) - 10), body)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"connection: close" in answer.lower(), answer
+    assert request(srv.http_url, "POST", "/v2/models/tiny/infer", GOOD)[0] == 200
+    assert successes() == before + 1  # only the last one
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
 def test_tritonclient_sees_the_status_and_the_sentence(client):
     x = tiny_input(1)
     cases = [
@@ -435,7 +488,8 @@ def test_draining_refuses_503_and_answers_what_it_admitted(make_server, engines,
     c.close()
 
 
-def test_a_model_unloaded_or_failed_is_not_ready_503(make_server, engines, tmp_path):
+@pytest.mark.parametrize("frontends", [1, 2])
+def test_a_model_unloaded_or_failed_is_not_ready_503(make_server, engines, tmp_path, frontends):
     from trtserve.engine.lifecycle import ControlMode, LifecycleConfig
 
     root = link_models(engines, tmp_path / "models", "tiny")
@@ -454,7 +508,7 @@ def test_a_model_unloaded_or_failed_is_not_ready_503(make_server, engines, tmp_p
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
     )
     lifecycle = LifecycleConfig(mode=ControlMode.EXPLICIT, load_models=("*",), strict_readiness=False)
-    srv = make_server(root, http=True, frontends=2, lifecycle=lifecycle)
+    srv = make_server(root, http=True, frontends=frontends, lifecycle=lifecycle)
     c = th.InferenceServerClient(srv.http_url)
     try:
         assert c.is_server_ready() and c.is_model_ready("tiny") and not c.is_model_ready("broken")
@@ -473,31 +527,63 @@ def test_a_model_unloaded_or_failed_is_not_ready_503(make_server, engines, tmp_p
         c.load_model("tiny")
         assert c.is_model_ready("tiny")
         assert request(srv.http_url, "POST", "/v2/models/tiny/infer", GOOD)[0] == 200
+        # Reloaded with a config override (tritonclient's config=), then from its own config again.
+        config = c.get_model_config("tiny")
+        c.load_model("tiny", config=json.dumps({**config, "max_batch_size": 8}))
+        assert c.get_model_config("tiny")["max_batch_size"] == 8
+        c.load_model("tiny")
+        assert c.get_model_config("tiny")["max_batch_size"] == config["max_batch_size"] != 8
     finally:
         c.close()
 
 
+def test_load_and_unload_are_refused_in_mode_none(client):
+    for call in (client.load_model, client.unload_model):
+        with pytest.raises(InferenceServerException) as err:
+            call("tiny")
+        assert err.value.status() == "503" and "model control mode 'none'" in err.value.message(), err.value
+    assert client.is_model_ready("tiny")
+
+
 # -- auth ----------------------------------------------------------------------------------
 
-ROUTES = [
+ROUTES = [  # every route of the door (checked against its table below); unload before load
     ("GET", "/v2/health/live", None),
     ("GET", "/v2/health/ready", None),
     ("GET", "/v2", None),
     ("GET", "/v2/models/tiny", None),
     ("GET", "/v2/models/tiny/versions/1", None),
     ("GET", "/v2/models/tiny/ready", None),
+    ("GET", "/v2/models/tiny/versions/1/ready", None),
     ("GET", "/v2/models/tiny/config", None),
     ("GET", "/v2/models/tiny/stats", None),
     ("GET", "/v2/models/stats", None),
     ("POST", "/v2/models/tiny/infer", GOOD),
+    ("POST", "/v2/models/tiny/versions/1/infer", GOOD),
     ("POST", "/v2/repository/index", b""),
+    ("POST", "/v1/embeddings", json.dumps({"model": "minilm", "input": "hello"})),
+    ("GET", "/v1/models", None),
+    ("POST", "/v2/repository/models/tiny/unload", b""),
+    ("POST", "/v2/repository/models/tiny/load", b""),
 ]
+
+
+def test_the_auth_cases_cover_every_route():
+    from trtserve.frontend.http.app import _ROUTES
+
+    covered = {name for method, path, _ in ROUTES for verb, pattern, name in _ROUTES
+               if verb == method and pattern.fullmatch(path)}
+    assert covered == {name for _, _, name in _ROUTES}
 
 
 @pytest.mark.parametrize("auth_health", [False, True], ids=["health-open", "health-protected"])
 def test_bearer_token(make_server, engines, tmp_path, auth_health):
-    root = link_models(engines, tmp_path / "models", "tiny")
-    srv = make_server(root, http=True, frontends=2, auth_token="s3cret", auth_health=auth_health)
+    from trtserve.engine.lifecycle import ControlMode, LifecycleConfig
+
+    root = link_models(engines, tmp_path / "models", "tiny", "minilm")
+    lifecycle = LifecycleConfig(mode=ControlMode.EXPLICIT, load_models=("*",))
+    srv = make_server(root, http=True, frontends=2, auth_token="s3cret", auth_health=auth_health,
+                      lifecycle=lifecycle)
     good = {"Authorization": "Bearer s3cret"}
     for method, path, body in ROUTES:
         open_route = path.startswith("/v2/health/") and not auth_health
@@ -505,12 +591,13 @@ def test_bearer_token(make_server, engines, tmp_path, auth_health):
             status, headers, answer = request(srv.http_url, method, path, body, bad)
             if open_route:
                 assert status == 200, (path, bad, answer)
+            elif path.startswith("/v1/"):  # OpenAI's error shape
+                assert status == 401 and json.loads(answer)["error"]["code"] == "invalid_api_key", (path, answer)
             else:
                 assert status == 401, (path, bad, answer)
                 assert "authorization" in error_of(status, headers, answer)
-        assert request(srv.http_url, method, path, body, good)[0] == 200, path
-    for path in ("/v2/repository/models/tiny/load", "/v2/repository/models/tiny/unload"):
-        assert request(srv.http_url, "POST", path, b"")[0] == 401
+        status, _, answer = request(srv.http_url, method, path, body, good)
+        assert status == 200, (path, answer)
     # tritonclient.http sends the token as a header it is given.
     c = th.InferenceServerClient(srv.http_url)
     try:

@@ -1,7 +1,8 @@
 """``trtserve serve --allow-http true`` as a child process, one front end (in process) and two
 (the process tree): the HTTP door answers ``tritonclient.http`` as the gRPC door answers;
 SIGTERM drains it (a request admitted before the signal is answered 200, new ones are refused
-503, the process exits 0); and ``--allow-http`` with TLS stops with one sentence (exit 2).
+503, the process exits 0); uvicorn logs in the server's format; an HTTP port without the door, or
+one in use, stops with one sentence (exit 2). HTTPS: ``test_http_tls.py``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -115,19 +117,6 @@ def test_http_infer_and_sigterm_drain(repo, frontends):
     assert "Traceback" not in output, output
 
 
-def test_allow_http_with_tls_exits_2_with_one_sentence(repo, tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--port", "0",
-         "--allow-http", "true", "--http-port", "0", "--tls-cert", str(tmp_path / "x.pem"),
-         "--tls-key", str(tmp_path / "y.pem")],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 2, done.stdout + done.stderr
-    message = done.stderr.strip()
-    assert "\n" not in message and "Traceback" not in message, message
-    assert "TLS" in message and "--allow-http" in message, message
-
-
 def test_an_http_port_without_the_http_door_exits_2_with_one_sentence(repo):
     done = subprocess.run(
         [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--port", "0",
@@ -154,3 +143,19 @@ def test_an_http_port_in_use_exits_2_naming_it(repo):
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"cannot listen on 127.0.0.1:{port} (HTTP)" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_uvicorn_logs_in_the_servers_log_format(repo):
+    """uvicorn's own lines (here: a request it cannot parse) go through ``--log-format json``
+    as every other line does, not uvicorn's default text format."""
+    with ServerProcess(repo, "--frontends", "1", "--allow-http", "true", "--http-port", "0",
+                       env={**os.environ, "TRTSERVE_LOG_FORMAT": "json"}) as srv:
+        host, port = http_url(srv).rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
+        assert srv.stop() == 0
+    lines = [line for line in srv.output if "Invalid HTTP request" in line]
+    assert lines, "".join(srv.output)
+    for line in lines:
+        assert json.loads(line)["level"] == "WARNING", line

@@ -6,13 +6,12 @@ are given, a token that cannot be a header is refused, incomplete TLS or auth fl
 
 In-process servers (``ServerThread``) where a test only talks to the server; real ``trtserve
 serve`` / ``trtserve bulk`` child processes for the command line. The certificates are made
-for the test run (an EC P-256 CA, a second CA nobody trusts, a server and a client certificate).
+for the test run (``integration/certificates.py``: an EC P-256 CA, a second CA nobody trusts, a
+server and a client certificate).
 """
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import os
 import re
@@ -26,6 +25,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from integration.certificates import make_certificates, write_certificates
 from integration.helpers import row, write_identity
 from servers import code_of
 from trtserve._proto.inference import grpc_service_pb2 as pb
@@ -33,57 +33,9 @@ from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import Client, Credentials, build_request
 
 
-def _certificates() -> dict[str, bytes]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-
-    def pem_key(key) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-
-    def cert(name, key, issuer, issuer_key, *, ca=False, usage=None, san=None):
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(issuer)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if usage:
-            builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        if san:
-            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        return builder.sign(issuer_key, hashes.SHA256())
-
-    out: dict[str, bytes] = {}
-    cas = {}
-    for ca_name in ("ca", "other_ca"):
-        key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"trtserve test {ca_name}")])
-        cas[ca_name] = (key, name)
-        certificate = cert(f"trtserve test {ca_name}", key, name, key, ca=True)
-        out[ca_name] = certificate.public_bytes(serialization.Encoding.PEM)
-    ca_key, ca_name = cas["ca"]
-    san = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    for who, usage in (("server", ExtendedKeyUsageOID.SERVER_AUTH), ("client", ExtendedKeyUsageOID.CLIENT_AUTH)):
-        key = ec.generate_private_key(ec.SECP256R1())
-        out[f"{who}_key"] = pem_key(key)
-        certificate = cert(who, key, ca_name, ca_key, usage=usage, san=san if who == "server" else None)
-        out[f"{who}_cert"] = certificate.public_bytes(serialization.Encoding.PEM)
-    return out
-
-
 @pytest.fixture(scope="module")
 def certs():
-    return _certificates()
+    return make_certificates()
 
 
 def live(url: str, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode:
@@ -171,10 +123,7 @@ def test_bulk_job_over_mutual_tls_with_a_token(make_server, tmp_path, certs):
     write_identity(tmp_path / "repo")
     tls = TlsConfig(certs["server_cert"], certs["server_key"], client_ca=certs["ca"])
     srv = make_server(tmp_path / "repo", tls=tls, auth_token="s3cret")
-    files = {}
-    for name in ("ca", "client_cert", "client_key"):
-        files[name] = tmp_path / f"{name}.pem"
-        files[name].write_bytes(certs[name])
+    files = write_certificates(certs, tmp_path / "pem")
     (tmp_path / "token").write_text("s3cret\n")
     rows = [{"id": f"r{i}", "x": [float(i), i + 0.5, -i, 2.0 * i]} for i in range(40)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -228,12 +228,18 @@ def test_a_binary_tail_without_any_binary_input_is_refused():
     assert "4 bytes follow the last binary input" in refusal(body, n)
 
 
-@pytest.mark.parametrize("past", [None, 1, -1], ids=["zero", "past-the-end", "negative"])
+@pytest.mark.parametrize("past", [1, -1], ids=["past-the-end", "negative"])
 def test_the_header_length_must_lie_inside_the_body(past):
     body, _ = binary_body(one_input())
-    length = 0 if past is None else (len(body) + 1 if past > 0 else -1)
+    length = len(body) + 1 if past > 0 else -1
     message = refusal(body, length)
     assert f"Inference-Header-Content-Length is {length}" in message and f"the body has {len(body)} bytes" in message
+
+
+def test_a_header_length_of_zero_is_refused_as_the_raw_binary_form_not_supported():
+    body, _ = binary_body(one_input())
+    message = refusal(body, 0)
+    assert "Inference-Header-Content-Length 0" in message and "not supported" in message
 
 
 def test_a_header_length_that_cuts_the_json_short_is_malformed_json():

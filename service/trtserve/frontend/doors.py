@@ -65,23 +65,20 @@ async def open_doors(engine: Engine, clock: Clock, pool: Executor, *, host: str,
             way no other process can join the port); default: bind ``host:http_port`` here.
         options: the keyword arguments of :func:`~trtserve.frontend.grpc.server.start_frontend`
             (limits, TLS, auth); the HTTP door takes the receive limit as its body limit, and the
-            same bearer token.
+            same TLS and bearer token.
 
     Raises:
         RuntimeError: an address cannot be bound.
-        ValueError: an option out of range, or TLS asked for with the HTTP door (not implemented there).
+        ValueError: an option out of range, or TLS for the HTTP door not read from files.
     """
-    if http_port is not None and options.get("tls") is not None:
-        raise ValueError("TLS is served on the gRPC port only: the HTTP door has no TLS yet (serve it behind a "
-                         "TLS-terminating proxy, or leave out --allow-http)")
     server, service, bound = await start_frontend(engine, clock, pool, host=host, port=port, reuse_port=reuse_port,
                                                   frontends=frontends, **options)
     http = None
     if http_port is not None:
         limit = options.get("max_receive_bytes") or options.get("max_message_bytes") or DEFAULT_MAX_MESSAGE_BYTES
         http = await start_http(service.state, host=host, port=http_port, reuse_port=reuse_port, sock=http_socket,
-                                max_body_bytes=limit,
-                                auth_token=options.get("auth_token"), auth_health=options.get("auth_health", False))
+                                max_body_bytes=limit, tls=options.get("tls"), auth_token=options.get("auth_token"),
+                                auth_health=options.get("auth_health", False))
     return Doors(server, service, bound, http)
 
 

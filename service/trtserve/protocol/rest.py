@@ -85,15 +85,20 @@ def parse_infer(body: bytes, header_length: int | None, model: str, version: str
         header_length: the ``Inference-Header-Content-Length`` value, or None (the body is JSON).
 
     Raises:
-        InvalidRequest (HTTP 400): malformed JSON, a field of the wrong type, a binary size past
-            the end of the body or bytes left over after the last binary input, an input with
-            both or neither of ``data`` and ``binary_data_size``.
+        InvalidRequest (HTTP 400): malformed JSON, a field of the wrong type, a header length of
+            0 (Triton's raw binary request, not supported), negative or past the end of the body,
+            a binary size past the end of the body or bytes left over after the last binary
+            input, an input with both or neither of ``data`` and ``binary_data_size``.
     """
     if header_length is None:
         if not body:
             raise InvalidRequest("the request body is empty: send the infer request as JSON (inputs, and outputs "
                                  "if you choose them)")
         header_length = len(body)
+    if header_length == 0:
+        raise InvalidRequest("Inference-Header-Content-Length 0 (Triton's raw binary request: the whole body one "
+                             "input tensor, no JSON) is not supported: send the JSON header first and give its "
+                             "length in bytes")
     if not 0 < header_length <= len(body):
         raise InvalidRequest(f"Inference-Header-Content-Length is {header_length}; the body has {len(body)} bytes "
                              f"(it must give the length of the JSON part, at least 1)")

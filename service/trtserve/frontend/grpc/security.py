@@ -1,4 +1,5 @@
-"""Transport security and caller authentication for the gRPC server (part of the gRPC layer).
+"""Transport security and caller authentication for the gRPC server (part of the gRPC layer;
+the HTTP door takes the same :class:`TlsConfig`).
 
 * :class:`TlsConfig`: server certificate and key (TLS), plus a client CA that makes the server
   demand and verify client certificates (mutual TLS).
@@ -13,6 +14,7 @@ The CLI reads files and environment variables; nothing here reads the environmen
 from __future__ import annotations
 
 import hmac
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,25 +32,31 @@ OPEN_PREFIXES = (
 
 @dataclass(frozen=True)
 class TlsConfig:
-    """PEM material for a TLS listener.
+    """PEM material for a TLS listener (the gRPC door's; the HTTP door's too).
 
     Attributes:
         cert: the server's certificate chain (PEM).
         key: the server's private key (PEM).
         client_ca: CA certificates (PEM) that client certificates must chain to; when set the
             server requires a client certificate (mutual TLS) and refuses the handshake without one.
+        files: the (cert, key, client CA) files the PEM was read from (:meth:`from_files`), or
+            None; the HTTP door needs them (uvicorn, like :mod:`ssl`, loads a certificate chain
+            from files only).
     """
 
     cert: bytes
     key: bytes
     client_ca: bytes | None = None
+    files: tuple[Path, Path, Path | None] | None = None
 
     @classmethod
     def from_files(cls, cert: Path, key: Path, client_ca: Path | None = None) -> TlsConfig:
-        """Read the PEM files.
+        """Read the PEM files, checking that :mod:`ssl` loads them (the HTTP door loads them so,
+        and gRPC would fail later with no file named).
 
         Raises:
-            ValueError: a file cannot be read (the message names it).
+            ValueError: a file cannot be read, or is not a PEM certificate chain, a key matching
+                it, or CA certificates (the message names the file).
         """
 
         def read(path: Path) -> bytes:
@@ -57,7 +65,19 @@ class TlsConfig:
             except OSError as exc:
                 raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
-        return cls(read(cert), read(key), read(client_ca) if client_ca else None)
+        files = (Path(cert).absolute(), Path(key).absolute(), Path(client_ca).absolute() if client_ca else None)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(files[0], files[1])
+        except ssl.SSLError as exc:
+            raise ValueError(f"cannot load the TLS certificate {cert} with the key {key} (PEM, a key that matches "
+                             f"the certificate): {exc.reason or exc}") from None
+        try:
+            if files[2] is not None:
+                context.load_verify_locations(files[2])
+        except ssl.SSLError as exc:
+            raise ValueError(f"cannot load the CA certificates {client_ca} (PEM): {exc.reason or exc}") from None
+        return cls(read(cert), read(key), read(client_ca) if client_ca else None, files)
 
     def credentials(self) -> grpc.ServerCredentials:
         """The ``grpc.ServerCredentials`` of this listener (requiring a client certificate

@@ -86,6 +86,11 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 T = TypeVar("T")
 
 
+class ClientGone(Exception):
+    """The client closed the connection before its request body was whole (fewer bytes than its
+    ``Content-Length``): nothing was run and there is no one to answer."""
+
+
 class HttpError(Exception):
     """An answer other than 200 that is not a trtserve error (a route or method not found, a body too large)."""
 
@@ -128,6 +133,8 @@ class RestApp:
             status, extra, payload = await getattr(self, "_" + name)(match, body, headers)
         except (TrtServeError, HttpError) as exc:
             status, extra, payload = _failure(exc, scope["path"])
+        except ClientGone:
+            return
         except asyncio.CancelledError:
             if not self.state.inflight.expired:
                 raise
@@ -161,7 +168,7 @@ class RestApp:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise asyncio.CancelledError
+                raise ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
@@ -309,8 +316,8 @@ class RestApp:
 def _parse(body: bytes, headers: dict[bytes, bytes], model: str, version: str) -> rest.RestInfer:
     length = headers.get(rest.HEADER_LENGTH.encode())
     if length is not None and not length.isdigit():
-        raise InvalidRequest(f"Inference-Header-Content-Length must be a number of bytes, "
-                             f"got {length.decode('latin-1')!r}")
+        raise InvalidRequest(f"Inference-Header-Content-Length must be a whole number of bytes (the length of the "
+                             f"JSON part), got {length.decode('latin-1')!r}")
     return rest.parse_infer(body, int(length) if length is not None else None, model, version)
 
 

@@ -1,5 +1,6 @@
 """One front end's HTTP server: uvicorn (httptools) inside the front end's own asyncio loop,
-serving :class:`~trtserve.frontend.http.app.RestApp`.
+serving :class:`~trtserve.frontend.http.app.RestApp`, over HTTPS when given the gRPC door's
+:class:`~trtserve.frontend.grpc.security.TlsConfig` (uvicorn's own ``ssl_*`` settings).
 
 uvicorn's ``Server.startup``/``shutdown`` run on the running loop, so the HTTP door shares the
 process, the loop and the :class:`~trtserve.frontend.state.FrontendState` of the gRPC door
@@ -14,9 +15,12 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
+from typing import Any
 
 import uvicorn
 
+from trtserve.frontend.grpc.security import TlsConfig
 from trtserve.frontend.http.app import RestApp
 from trtserve.frontend.state import FrontendState
 
@@ -61,24 +65,48 @@ def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket
     return sock
 
 
+def ssl_options(tls: TlsConfig | None) -> dict[str, Any]:
+    """uvicorn's ``ssl_*`` settings for ``tls`` (none: plain HTTP): the certificate chain and
+    key files, and with a client CA, ``CERT_REQUIRED`` against it (mutual TLS: a client without
+    a certificate the CA signed fails the handshake, as on the gRPC door).
+
+    Raises:
+        ValueError: ``tls`` was not read from files (:meth:`TlsConfig.from_files`).
+    """
+    if tls is None:
+        return {}
+    if tls.files is None:
+        raise ValueError("the HTTP door serves TLS from files: make the TlsConfig with TlsConfig.from_files")
+    cert, key, client_ca = (str(path) if path else None for path in tls.files)
+    options: dict[str, Any] = {"ssl_certfile": cert, "ssl_keyfile": key}
+    if client_ca:
+        options.update(ssl_ca_certs=client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return options
+
+
 async def start_http(state: FrontendState, *, host: str = "127.0.0.1", port: int = 0, reuse_port: bool = False,
-                     sock: socket.socket | None = None, max_body_bytes: int, auth_token: str | None = None,
-                     auth_health: bool = False) -> HttpServer:
+                     sock: socket.socket | None = None, max_body_bytes: int, tls: TlsConfig | None = None,
+                     auth_token: str | None = None, auth_health: bool = False) -> HttpServer:
     """Start the HTTP door of ``state`` on ``host:port`` (0: a free port), or on the listening
     socket ``sock`` (shared with other front ends; ``host``, ``port`` and ``reuse_port`` unused).
 
     Args:
         max_body_bytes: the largest request body (413 beyond it).
+        tls: serve HTTPS (mutual TLS when it has a client CA) instead of plain HTTP
+            (:func:`ssl_options`).
         auth_token, auth_health: as for the gRPC door (:class:`~trtserve.frontend.http.app.RestApp`).
 
     Raises:
         RuntimeError: the address cannot be bound.
+        ValueError: ``tls`` not read from files.
     """
     app = RestApp(state, max_body_bytes=max_body_bytes, auth_token=auth_token, auth_health=auth_health)
+    # log_config None: uvicorn's loggers propagate to the root one trtserve.logs configured
+    # (--log-format json included) instead of uvicorn's own text handlers.
     config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False,
-                            log_level="warning", server_header=False, date_header=False,
-                            h11_max_incomplete_event_size=max_body_bytes)
-    config.load()
+                            log_config=None, log_level="warning", server_header=False, date_header=False,
+                            h11_max_incomplete_event_size=max_body_bytes, **ssl_options(tls))
+    config.load()  # with TLS, makes the SSLContext (the files were checked by TlsConfig.from_files)
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)  # set by Server._serve, which is not used (lifespan "off")
     if sock is None:
@@ -87,4 +115,4 @@ async def start_http(state: FrontendState, *, host: str = "127.0.0.1", port: int
     return HttpServer(server, sock.getsockname()[1])
 
 
-__all__ = ["HttpServer", "listening_socket", "start_http"]
+__all__ = ["HttpServer", "listening_socket", "ssl_options", "start_http"]

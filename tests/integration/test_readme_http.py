@@ -1,0 +1,134 @@
+"""The README's HTTP examples run verbatim: every command of the ``bash`` blocks of its
+"HTTP/REST" and "OpenAI embeddings" sections against a live ``trtserve serve`` started with the
+README's own flags (``--allow-http true``), only the ports substituted (ephemeral ones for its
+8000 and the gRPC 8001), and its ``python`` blocks (``tritonclient.http``, ``openai``) too.
+
+Each curl command must exit 0 and print JSON that is not an error; the infer and embeddings
+answers must be the 384 floats the comments promise; ``kill %1`` becomes SIGTERM and must exit
+0 ("drains, exits 0"). A command of another kind in those blocks fails the test, so that a
+README edit cannot add an example this test skips. Without curl on the machine the curl blocks
+are skipped with a sentence (the Python blocks still run).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from integration.test_http_serve import http_url
+from trtserve.tools.child_server import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTIONS = ("### HTTP/REST", "### OpenAI embeddings")
+README_ADDRESS = "127.0.0.1:8000"
+_BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.M | re.S)
+
+
+def blocks(language: str) -> list[str]:
+    """The code blocks of ``language`` in the README's HTTP sections, in order."""
+    text = (ROOT / "README.md").read_text()
+    found = []
+    for heading in SECTIONS:
+        start = text.index(f"\n{heading}\n")
+        end = text.find("\n#", start + len(heading) + 2)
+        found += [code for lang, code in _BLOCK.findall(text[start:end]) if lang == language]
+    assert found, f"no {language} blocks under {SECTIONS}"
+    return found
+
+
+def commands(block: str) -> list[str]:
+    """The shell commands of ``block``: lines joined while a quote is open (a curl body may span
+    lines), comments dropped by the shell when it runs them."""
+    out, pending = [], ""
+    for line in block.splitlines():
+        pending = f"{pending}\n{line}" if pending else line
+        try:
+            shlex.split(pending, comments=True)
+        except ValueError:  # an open quote: the command goes on
+            continue
+        if pending.strip():
+            out.append(pending)
+        pending = ""
+    assert not pending, f"an unclosed quote in the README block:\n{block}"
+    return out
+
+
+def serve_flags(block: str) -> list[str]:
+    """The README's ``trtserve serve`` flags, its ports made ephemeral, the repository resolved."""
+    words = shlex.split(commands(block)[0], comments=True)
+    assert words[0].endswith("trtserve") and words[1] == "serve" and words[-1] == "&", words
+    flags = words[2:-1]
+    assert flags[flags.index("--allow-http") + 1] == "true", flags
+    flags[flags.index("--http-port") + 1] = "0"
+    repository = flags.index("--model-repository")
+    del flags[repository:repository + 2]
+    return flags
+
+
+def check_answer(words: list[str], output: str) -> None:
+    """A curl command's output: JSON that is not an error; the infer and embeddings answers
+    the 384 floats per text that the README's comments promise."""
+    address = next(w for w in words[1:] if not w.startswith("-"))
+    if "/health/" in address:  # a status check: the exit status is the answer
+        return
+    doc = json.loads(output)
+    assert "error" not in doc, (words, doc)
+    if address.endswith("/infer"):
+        assert len(doc["outputs"][0]["data"]) == 384, doc
+    elif address.endswith("/v1/embeddings"):
+        texts = json.loads(words[words.index("-d") + 1])["input"]
+        assert [len(d["embedding"]) for d in doc["data"]] == [384] * len(texts), doc
+    else:
+        assert doc["name"], doc  # metadata
+
+
+@pytest.fixture(scope="module")
+def readme_server():
+    """``trtserve serve`` with the README's flags, over the README's repository (engines/)."""
+    first = blocks("bash")[0]
+    repository = shlex.split(commands(first)[0])[3]
+    with ServerProcess(ROOT / repository, *serve_flags(first)) as srv:
+        yield srv, http_url(srv)
+
+
+def test_the_curl_lines_run_verbatim(readme_server):
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed on this machine: the README's curl lines cannot run (apt-get install curl)")
+    srv, url = readme_server
+    ran = 0
+    for block in blocks("bash"):
+        for command in commands(block):
+            words = shlex.split(command, comments=True)
+            if words[0].endswith("trtserve") and words[1] == "serve":
+                continue  # the server this test started with the same flags
+            if words == ["kill", "%1"]:
+                continue  # the SIGTERM of test_sigterm_drains_and_exits_0
+            assert words[0] in ("curl", "until"), f"a README command this test does not run: {command}"
+            done = subprocess.run(["bash", "-c", command.replace(README_ADDRESS, url)], capture_output=True,
+                                  text=True, timeout=120, cwd=ROOT)
+            assert done.returncode == 0, (command, done.stdout, done.stderr)
+            check_answer(words if words[0] == "curl" else words[1:], done.stdout)
+            ran += 1
+    assert ran >= 4  # readiness, metadata, infer, embeddings
+
+
+def test_the_python_examples_run_verbatim(readme_server):
+    srv, url = readme_server
+    tritonclient_block, openai_block = blocks("python")
+    scope: dict = {}
+    exec(compile(tritonclient_block.replace(README_ADDRESS, url), "README tritonclient example", "exec"), scope)
+    assert scope["out"].shape == (4, 16)  # tiny: 64 features in, 16 out
+    scope = {}
+    exec(compile(openai_block.replace(README_ADDRESS, url), "README openai example", "exec"), scope)
+    assert [len(v) for v in scope["vectors"]] == [384, 384] and scope["result"].usage.prompt_tokens > 0
+
+
+def test_sigterm_drains_and_exits_0(readme_server):
+    srv, _ = readme_server
+    assert srv.stop() == 0, "".join(srv.output)
