@@ -150,7 +150,7 @@ def test_uvicorn_logs_in_the_servers_log_format(repo):
     as every other line does, not uvicorn's default text format."""
     with ServerProcess(repo, "--frontends", "1", "--allow-http", "true", "--http-port", "0",
                        env={**os.environ, "TRTSERVE_LOG_FORMAT": "json"}) as srv:
-        host, port = http_url(srv).rsplit(":", 1)
+        host, port = srv.http_url.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=60) as sock:
             sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
             assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")

@@ -26,7 +26,6 @@ import tritonclient.http as th
 
 from integration.certificates import make_certificates, write_certificates
 from integration.test_http_rest import GOOD, infer_input, link_models, tiny_input
-from integration.test_http_serve import http_url
 from trtserve.client import Client, Credentials
 from trtserve.frontend.grpc.security import TlsConfig
 from trtserve.tools.child_server import ServerProcess
@@ -143,7 +142,7 @@ def test_serve_allow_http_with_tls_flags_serves_https(engines, tmp_path, pem, fr
     flags = ["--frontends", frontends, "--allow-http", "true", "--http-port", "0",
              "--tls-cert", str(pem["server_cert"]), "--tls-key", str(pem["server_key"])]
     with ServerProcess(root, *flags) as srv:
-        url = http_url(srv)
+        url = srv.http_url
         x = tiny_input(2, seed=1)
         c = th.InferenceServerClient(url, ssl=True, ssl_options={"ca_certs": str(pem["ca"])})
         try:

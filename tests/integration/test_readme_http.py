@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from integration.test_http_serve import http_url
 from trtserve.tools.child_server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +93,7 @@ def readme_server():
     first = blocks("bash")[0]
     repository = shlex.split(commands(first)[0])[3]
     with ServerProcess(ROOT / repository, *serve_flags(first)) as srv:
-        yield srv, http_url(srv)
+        yield srv, srv.http_url
 
 
 def test_the_curl_lines_run_verbatim(readme_server):
