@@ -101,18 +101,29 @@ async def start_http(state: FrontendState, *, host: str = "127.0.0.1", port: int
         ValueError: ``tls`` not read from files.
     """
     app = RestApp(state, max_body_bytes=max_body_bytes, auth_token=auth_token, auth_health=auth_health)
+    if sock is None:
+        sock = listening_socket(host, port, reuse_port=reuse_port)
+    return await serve_asgi(app, sock, h11_max_incomplete_event_size=max_body_bytes, **ssl_options(tls))
+
+
+async def serve_asgi(app: Any, sock: socket.socket, **options: Any) -> HttpServer:
+    """Serve the ASGI ``app`` on the listening ``sock`` with uvicorn (httptools, no lifespan,
+    no access log, no Server or Date header) on the running loop; ``options`` are more
+    ``uvicorn.Config`` settings (TLS, limits). The door of :func:`start_http`, and the bench's
+    null server's, so that both pay the same per call.
+
+    Raises:
+        ValueError, OSError: uvicorn refused ``options`` (a TLS file it cannot load).
+    """
     # log_config None: uvicorn's loggers propagate to the root one trtserve.logs configured
     # (--log-format json included) instead of uvicorn's own text handlers.
     config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False,
-                            log_config=None, log_level="warning", server_header=False, date_header=False,
-                            h11_max_incomplete_event_size=max_body_bytes, **ssl_options(tls))
+                            log_config=None, log_level="warning", server_header=False, date_header=False, **options)
     config.load()  # with TLS, makes the SSLContext (the files were checked by TlsConfig.from_files)
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)  # set by Server._serve, which is not used (lifespan "off")
-    if sock is None:
-        sock = listening_socket(host, port, reuse_port=reuse_port)
     await server.startup(sockets=[sock])
     return HttpServer(server, sock.getsockname()[1])
 
 
-__all__ = ["HttpServer", "listening_socket", "ssl_options", "start_http"]
+__all__ = ["HttpServer", "listening_socket", "serve_asgi", "ssl_options", "start_http"]
