@@ -80,7 +80,7 @@ reliability: engine
 	$(PY) -m pytest -q tests/reliability -m timing
 
 ## bench: served throughput and latency against the raw engine, in one run; more flags in
-## BENCH_ARGS, e.g. `make bench BENCH_ARGS="--peer triton"` (Triton beside trtserve). Builds the
+## BENCH_ARGS, e.g. `make bench BENCH_ARGS="--peer triton,infinity"` (Triton, Infinity beside trtserve). Builds the
 ## Go load generator first where Go is installed; without it the open loop uses the Python client.
 BENCH_ARGS ?=
 bench: engine
