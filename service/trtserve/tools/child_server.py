@@ -133,12 +133,3 @@ class ServerProcess(ChildServer):
              "--host", "127.0.0.1", "--port", "0", *extra_args],
             env=env, start_timeout=start_timeout, name="trtserve",
         )
-
-    @property
-    def http_url(self) -> str:
-        """``HOST:PORT`` of the HTTP door (``--allow-http true``), from the server's
-        ``trtserve HTTP on HOST:PORT`` line (printed before "listening on"); ``""`` without one."""
-        for line in list(self.output):
-            if match := _HTTP.search(line):
-                return f"{match.group(1)}:{match.group(2)}"
-        return ""
