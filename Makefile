@@ -8,7 +8,7 @@ GEN := service/trtserve/_proto
 PROTOS := $(wildcard protos/inference/*.proto protos/trtserve/v1/*.proto)
 DATA ?= ../shared/data
 
-.PHONY: setup protos engine serve demo test lint docs reliability bench loadgen clients clean fuzz soak
+.PHONY: setup protos engine serve demo test lint docs reliability bench loadgen clients clean fuzz soak image
 
 ## setup: create .venv with the server, export and dev extras (CPU builds; no GPU needed)
 setup: $(VENV)/.installed
@@ -44,11 +44,20 @@ serve: engine
 demo: engine
 	$(PY) -m trtserve demo --model-repository engines --data $(DATA)
 
-## test: the rules (ruff; the import contracts in pyproject.toml), then the whole test suite (the command CI runs)
+## test: the rules (ruff; the import contracts in pyproject.toml), then the whole test suite (the command CI runs);
+## the container image's test (tests/image) runs with TRTSERVE_IMAGE_TEST=1 after `make image`, else it is skipped
 test: engine lint
-	$(PY) -m pytest -q tests --ignore=tests/compat --ignore=tests/gpu -m 'not timing'
+	$(PY) -m pytest -q tests --ignore=tests/compat --ignore=tests/gpu --ignore=tests/image -m 'not timing'
 	# tritonclient registers the same protobuf symbols as trtserve: its tests run in their own process.
 	$(PY) -m pytest -q tests/compat
+	$(PY) -m pytest -q tests/image
+
+## image: the CPU container image localhost/trtserve:cpu with podman (deploy/container/build.sh: a Debian
+## bookworm base from mmdebstrap, cached in podman's storage; Python packages from build/wheelhouse; the
+## models of engines/ baked in; IMAGE_TARGET=server for none). Tools: clients/install_deps.sh image
+IMAGE_TARGET ?= baked
+image: engine
+	TARGET=$(IMAGE_TARGET) PYTHON=$(PY) deploy/container/build.sh
 
 ## lint: ruff over the code and tests, and the import contracts (layers; a front end reaches the engine
 ## core only through trtserve.ipc; the engine core never imports a front end or grpc; no cycles)
@@ -80,7 +89,7 @@ reliability: engine
 	$(PY) -m pytest -q tests/reliability -m timing
 
 ## bench: served throughput and latency against the raw engine, in one run; more flags in
-## BENCH_ARGS, e.g. `make bench BENCH_ARGS="--peer triton"` (Triton beside trtserve). Builds the
+## BENCH_ARGS, e.g. `make bench BENCH_ARGS="--peer triton,infinity"` (Triton, Infinity beside trtserve). Builds the
 ## Go load generator first where Go is installed; without it the open loop uses the Python client.
 BENCH_ARGS ?=
 bench: engine

@@ -3,7 +3,7 @@
 # apart from the apt mirror. Installs only what is missing. Node.js (>= 18) and npm come from
 # apt only when absent; the Node packages come from the npm registry via `npm ci` (`make clients`).
 #
-#   clients/install_deps.sh [node] [cpp] [go]     (default: all three)
+#   clients/install_deps.sh [node] [cpp] [go] [image]     (default: node cpp go)
 set -euo pipefail
 WANT=("$@")
 [ ${#WANT[@]} -gt 0 ] || WANT=(node cpp go)
@@ -17,7 +17,9 @@ for want in "${WANT[@]}"; do
     # 1.28 needs 1.5 (the 1.3 codec panics on it), so name it explicitly.
     go) PKGS+=(protobuf-compiler golang-go golang-google-grpc-dev golang-google-protobuf-dev
                golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc) ;;
-    *) echo "unknown toolchain '$want' (node, cpp, go)" >&2; exit 2 ;;
+    # not a client: what `make image` builds and runs the container image with (only on request)
+    image) PKGS+=(podman runc mmdebstrap) ;;
+    *) echo "unknown toolchain '$want' (node, cpp, go, image)" >&2; exit 2 ;;
   esac
 done
 MISSING=()
@@ -25,11 +27,11 @@ for pkg in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || MISSING+=("$pkg")
 done
 if [ ${#MISSING[@]} -eq 0 ]; then
-  echo "client toolchains: all installed"
+  echo "toolchains ${WANT[*]}: all installed"
   exit 0
 fi
 SUDO=
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
-echo "client toolchains: installing ${MISSING[*]}"
+echo "toolchains ${WANT[*]}: installing ${MISSING[*]}"
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${MISSING[@]}"

@@ -111,8 +111,8 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_and_keeps_the_token(m
         c.close()
 
 
-def test_curl_with_the_readme_flags(make_server, engines, tmp_path, pem):
-    """The README's HTTPS curl forms: ``--cacert`` (TLS); ``--cert``/``--key`` too (mutual TLS)."""
+def test_curl_with_the_documented_flags(make_server, engines, tmp_path, pem):
+    """The HTTPS curl forms of docs/guide/http.md: ``--cacert`` (TLS); ``--cert``/``--key`` too (mutual TLS)."""
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed on this machine: the HTTPS curl forms cannot run (apt-get install curl)")
     root = link_models(engines, tmp_path / "models", "tiny")

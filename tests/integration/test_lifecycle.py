@@ -323,7 +323,7 @@ def test_reload_under_steady_load_fails_nothing_and_switches_once(tmp_path, engi
 
 @pytest.mark.timing
 def test_reload_gap_of_minilm_under_load(tmp_path, engines, make_server):
-    """The measurement the README gives: MiniLM (handler and all) reloaded to a new version
+    """The measurement docs/benchmarks.md gives: MiniLM (handler and all) reloaded to a new version
     under 4 steady clients while tiny is unloaded; the longest any request waited across the
     switch, against the longest before it. ``pytest -m timing -s -k reload_gap``."""
     make_repo(tmp_path, engines, {"tiny": [1]})

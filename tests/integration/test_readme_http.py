@@ -1,13 +1,16 @@
-"""The README's HTTP examples run verbatim: every command of the ``bash`` blocks of its
-"HTTP/REST" and "OpenAI embeddings" sections against a live ``trtserve serve`` started with the
-README's own flags (``--allow-http true``), only the ports substituted (ephemeral ones for its
-8000 and the gRPC 8001), and its ``python`` blocks (``tritonclient.http``, ``openai``) too.
+"""The README's first calls run verbatim: every command of the ``bash`` blocks of its "First
+calls" section against a live ``trtserve serve`` started with the README's own flags
+(``--allow-http true``), only the ports substituted (ephemeral ones for its HTTP 8000 and gRPC
+8001), and its ``python`` blocks too: ``tritonclient.grpc`` (in a process of its own, since
+tritonclient registers the same protobuf symbols as trtserve) and ``openai``; beside them the
+``tritonclient.http`` example of docs/guide/http.md.
 
 Each curl command must exit 0 and print JSON that is not an error; the infer and embeddings
-answers must be the 384 floats the comments promise; ``kill %1`` becomes SIGTERM and must exit
-0 ("drains, exits 0"). A command of another kind in those blocks fails the test, so that a
-README edit cannot add an example this test skips. Without curl on the machine the curl blocks
-are skipped with a sentence (the Python blocks still run).
+answers must be the 384 floats the comments promise, the gRPC call the (2, 384) its comment
+promises; ``kill %1`` becomes SIGTERM and must exit 0 ("drains, exits 0"). A command of another
+kind in those blocks fails the test, so that a README edit cannot add an example this test skips.
+Without curl on the machine the curl blocks are skipped with a sentence (the Python blocks still
+run).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,21 +28,31 @@ import pytest
 from trtserve.tools.child_server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("### HTTP/REST", "### OpenAI embeddings")
+SECTIONS = (("README.md", "## First calls"), ("docs/guide/http.md", "## tritonclient.http"))
+"""The pages and sections whose code blocks run: a section ends at the next heading of its level."""
 README_ADDRESS = "127.0.0.1:8000"
+README_GRPC_ADDRESS = "127.0.0.1:8001"
 _BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.M | re.S)
 
 
-def blocks(language: str) -> list[str]:
-    """The code blocks of ``language`` in the README's HTTP sections, in order."""
-    text = (ROOT / "README.md").read_text()
+def blocks(language: str, sections: tuple[tuple[str, str], ...] = SECTIONS) -> list[str]:
+    """The code blocks of ``language`` in ``sections`` (page, heading), in order."""
     found = []
-    for heading in SECTIONS:
+    for page, heading in sections:
+        text = (ROOT / page).read_text()
         start = text.index(f"\n{heading}\n")
-        end = text.find("\n#", start + len(heading) + 2)
-        found += [code for lang, code in _BLOCK.findall(text[start:end]) if lang == language]
-    assert found, f"no {language} blocks under {SECTIONS}"
+        level = heading.split()[0]
+        end = text.find(f"\n{level} ", start + len(heading) + 2)
+        found += [code for lang, code in _BLOCK.findall(text[start:end if end >= 0 else None]) if lang == language]
+    assert found, f"no {language} blocks under {sections}"
     return found
+
+
+def python_block(module: str) -> str:
+    """The one ``python`` block of :data:`SECTIONS` that imports ``module``."""
+    found = [b for b in blocks("python") if re.search(rf"^import .*\b{re.escape(module)}\b", b, re.M)]
+    assert len(found) == 1, f"{len(found)} python blocks import {module} under {SECTIONS}"
+    return found[0]
 
 
 def commands(block: str) -> list[str]:
@@ -119,13 +133,23 @@ def test_the_curl_lines_run_verbatim(readme_server):
 
 def test_the_python_examples_run_verbatim(readme_server):
     srv, url = readme_server
-    tritonclient_block, openai_block = blocks("python")
+    assert len(blocks("python")) == 3, "a python block this test does not run"
     scope: dict = {}
-    exec(compile(tritonclient_block.replace(README_ADDRESS, url), "README tritonclient example", "exec"), scope)
+    exec(compile(python_block("tritonclient.http").replace(README_ADDRESS, url), "tritonclient.http example", "exec"),
+         scope)
     assert scope["out"].shape == (4, 16)  # tiny: 64 features in, 16 out
     scope = {}
-    exec(compile(openai_block.replace(README_ADDRESS, url), "README openai example", "exec"), scope)
+    exec(compile(python_block("openai").replace(README_ADDRESS, url), "README openai example", "exec"), scope)
     assert [len(v) for v in scope["vectors"]] == [384, 384] and scope["result"].usage.prompt_tokens > 0
+
+
+def test_the_grpc_example_runs_verbatim(readme_server):
+    srv, _ = readme_server
+    code = python_block("tritonclient.grpc").replace(README_GRPC_ADDRESS, srv.url)
+    done = subprocess.run([sys.executable, "-c", code + "\nprint(embeddings.shape, embeddings.dtype)"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["(2,", "384)", "float32"], done.stdout  # the comment's (2, 384) FP32
 
 
 def test_sigterm_drains_and_exits_0(readme_server):

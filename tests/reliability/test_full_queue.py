@@ -3,7 +3,7 @@
 Probe model with T = 1 s per batch, max batch 1, one instance, ``max_queue_size: 4``. One
 request starts running; then 19 more are fired at once with a 30 s deadline, while a thread
 calls ServerLive, ServerReady and ModelReady every 50 ms and a bidirectional stream sends 5
-more. trtserve answers a full queue RESOURCE_EXHAUSTED (Triton: UNAVAILABLE; README, "Status
+more. trtserve answers a full queue RESOURCE_EXHAUSTED (Triton: UNAVAILABLE; docs/reference/grpc.md, "Status
 codes"), with a message saying the queue is full. Expected: exactly 4 are queued, the other
 15 are refused quickly (< 100 ms each on a loaded 2-core runner; the case asks for 50 ms, the
 median is checked against that), the health RPCs answer within 100 ms throughout, the 5

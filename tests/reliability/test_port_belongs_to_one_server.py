@@ -6,7 +6,7 @@ connections to either. Every listener here is on 127.0.0.1, on a port the test p
 
 * (a) one front end: a plain grpc Python server (default options) cannot bind trtserve's port.
 * (b) ``--frontends 2`` (the front ends share the port): the plain server may bind (see the
-  README's port rule), but none of 12 new connections reaches it: RepositoryIndex is answered
+  port rule, docs/guide/operating.md), but none of 12 new connections reaches it: RepositoryIndex is answered
   by trtserve on every one.
 * (c) a second trtserve on the port, with one front end and with two, and (e) trtserve on a
   port held by a plain listening socket: exit 2 with one line naming the address.

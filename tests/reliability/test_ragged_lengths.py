@@ -4,7 +4,7 @@ ragged within itself is refused.
 ``seq_int64``: an ONNX Runtime INT64 identity with dims [-1] (a variable-length sequence), max
 batch 8. trtserve has no "padding disabled" mode: rows of different lengths in one batch are
 padded to the longest with ``pad_value`` and each answer is cut back to its own length (the
-C17 behaviour, README "Dispatch policy"), so batching never changes an answer. From 8 threads,
+C17 behaviour, docs/concepts/dispatch.md), so batching never changes an answer. From 8 threads,
 for 5 s (the case: 30 s), interleaved single-row requests of lengths 270 and 252, plus threads
 sending only 270s: every answer is OK and exactly its input; equal-length requests still share
 batches; the process never crashes. A single request whose two rows have different lengths

@@ -2,7 +2,7 @@
 
 One ModelStreamInfer stream to identity_fp32 (dims [-1], 4 instances, so batches run
 concurrently and finish out of order) carries 2000 requests with ids "0".."1999" and random
-lengths of 1..4096 floats. trtserve documents stream responses in *completion* order (README,
+lengths of 1..4096 floats. trtserve documents stream responses in *completion* order (docs/reference/grpc.md,
 "Streams"), each carrying its request id: so every id comes back exactly once, no loss, no
 duplicate, each output equals that request's input bit for bit, and the stream ends OK after
 the client half-closes. Not scaled.

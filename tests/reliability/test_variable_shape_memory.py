@@ -12,7 +12,7 @@ come up in the first 10%, and RSS under load swings by 10% with the tensors in f
 peaks over halves are what is stable); then 300 requests of one fixed shape as the control.
 
 The model sets the documented settings that keep memory bounded with variable shapes
-(README, "ONNX Runtime memory"): ``ort_cpu_mem_arena: "false"`` and ``ort_mem_pattern:
+(docs/guide/serving.md, "ONNX Runtime settings"): ``ort_cpu_mem_arena: "false"`` and ``ort_mem_pattern:
 "false"``. Expected: all OK; the second half's peak stays within 10% of the first half's (a
 plateau), and the fixed-shape control does not grow it either. (At these sizes the ORT
 defaults plateau too, in-flight tensors dominate; with shapes up to 512x512, 600 requests,

@@ -1,6 +1,6 @@
 """C02: an empty tensor or a zero batch never reaches an engine and never hurts the server.
 
-Documented policy (README, "Shapes"): every dimension must be >= 1; a zero-size tensor is
+Documented policy (docs/reference/grpc.md, "Requests"): every dimension must be >= 1; a zero-size tensor is
 refused with INVALID_ARGUMENT at admission. (a) [1,0] FP16 with 0 bytes to an FP16 model
 with dims [-1]; (b) [0,8] FP32 to identity_fp32; (c) a [1,0] request sent at the same moment
 as 7 normal [1,8] requests (50 ms fixed window, so they share a batch). After each, a normal

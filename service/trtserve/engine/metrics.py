@@ -22,40 +22,9 @@ with a changed config, a version removed and added back, and an unload and a loa
 (:attr:`ModelRegistry.stats <trtserve.engine.registry.ModelRegistry.stats>`); a version no longer
 served leaves the scrape (its per-version series stop) and picks up where it stopped if it comes back.
 
-==========================================  =========  ======================================
-series                                      type       labels
-==========================================  =========  ======================================
-trtserve_requests_total                     counter    model, code (gRPC status name)
-trtserve_request_duration_seconds           histogram  model, code
-trtserve_queue_duration_seconds             histogram  model, version
-trtserve_compute_duration_seconds           histogram  model, version (one observation per batch)
-trtserve_batch_size_rows                    histogram  model, version
-trtserve_queue_depth                        gauge      model, version (requests queued)
-trtserve_queue_rows                         gauge      model, version (rows queued)
-trtserve_slots / trtserve_slots_busy        gauge      model, version
-trtserve_slot_busy_seconds_total            counter    model, version
-trtserve_slot_busy_ratio                    gauge      model, version (since the previous scrape)
-trtserve_deadline_exceeded_total            counter    model, when = before_run | finished_late
-                                                       (summed over every version ever served)
-trtserve_rejected_total                     counter    model, reason = queue_full | queue_wait |
-                                                       deadline_unmeetable | inflight_bound
-trtserve_goodput_requests_total             counter    model (answered OK within the deadline)
-trtserve_queue_drain_seconds                gauge      model, version (predicted, of everything queued)
-trtserve_batch_host_seconds                 gauge      model, version (host CPU per batch beside the engine run)
-trtserve_host_busy_ratio                    gauge      model, version (the engine core loop's busy share)
-trtserve_deadline_budget_tight_seconds      gauge      model, version (10th percentile of recent deadline budgets)
-trtserve_padding_ratio                      gauge      model, version
-trtserve_padding_elements_total             counter    model, version
-trtserve_batch_elements_total               counter    model, version
-trtserve_model_ready                        gauge      model, version (0 also while every slot is hung;
-                                                       version "" for a model serving none)
-trtserve_slots_unhealthy                    gauge      model, version (running one batch past the hang limit)
-trtserve_predicted_batch_seconds            gauge      model, version, rows, length (the latency model)
-trtserve_arrival_rate_rows                  gauge      model, version (rows/s, the dispatcher's estimate)
-trtserve_batch_cap_rows                     gauge      model, version (max rows of the next batch)
-trtserve_inflight_requests                  gauge      (none; summed over the front ends)
-trtserve_frontend_requests_total            counter    frontend (its number; requests it sent the engine core)
-==========================================  =========  ======================================
+Every family, with its type, labels and help text, is listed in ``docs/reference/metrics.md``,
+generated from :class:`TrtServeCollector` by ``tools/reference_docs.py`` (``make docs``); beyond
+that page, ``trtserve_model_ready`` has version ``""`` for a model that serves none.
 """
 
 from __future__ import annotations

@@ -26,7 +26,11 @@ for each model:
    least 5 ms), under each policy of ``--policies``;
 7. ``mixed``: Poisson at 65 % of that capacity, half the requests (at random) with a tight
    deadline (10× batch of one, at least 5 ms) and half with a loose one (10× the tight), under
-   each policy of ``--policies``.
+   each policy of ``--policies``;
+8. ``embeddings`` (``benchlib.embeddings``, minilm only; the server under test then also opens
+   its HTTP door, ``--allow-http true --http-port 0``): sentence embeddings through
+   ``POST /v1/embeddings``, requests of 1 and of 32 corpus sentences, closed loop at each
+   ``--concurrency``; texts/s, p50/p99, errors and the server's CPU per text.
 
 The open-loop unary calls (open sweep, overload, mixed) come from the Go load generator
 (``clients/go/loadgen``, ``make loadgen``; ``benchlib.goclient``) when it is built, else, with
@@ -43,7 +47,11 @@ connection. With ``--peer triton``, trtserve is then stopped and NVIDIA PyTriton
 (``benchlib.peer``; its own venv under ``OUT/triton``, made once) serves the same model
 files with Triton's dynamic batcher; the same load generators run the closed-loop unary
 sweep against it over the same doors, a comparison table gives the trtserve/Triton ratios
-per row (gRPC), and a table by door sets every server's sweep over gRPC beside HTTP.
+per row (gRPC), and a table by door sets every server's sweep over gRPC beside HTTP. With
+``--peer infinity`` (``benchlib.infinity``; its own venv under ``OUT/infinity``, made once),
+Infinity (``infinity-emb``) serves all-MiniLM-L6-v2 from local files and the ``embeddings``
+mode runs against it, after trtserve and Triton; ``--peer triton,infinity`` runs both, one
+server at a time.
 
 Each point reports achieved rows/s, p50/p90/p99 latency (ms, send → answer), errors by
 status (gRPC status names; over HTTP ``HTTP <status>``), deadline misses, the server's mean
@@ -80,8 +88,16 @@ import onnxruntime
 from trtserve.client import CHANNEL_OPTIONS
 from trtserve.harness.benchlib.compare import ONE_CONNECTION_MODE, SWEEP_MODE, anchor_targets, format_comparison
 from trtserve.harness.benchlib.deadlines import DeadlineClass
+from trtserve.harness.benchlib.embeddings import (
+    EMBEDDINGS_MODE,
+    EMBEDDINGS_MODEL,
+    embeddings_targets,
+    format_embeddings_table,
+    trtserve_points,
+)
 from trtserve.harness.benchlib.goclient import LOADGEN, GoLoadgen, unavailable_reason
 from trtserve.harness.benchlib.httpclient import RestClient
+from trtserve.harness.benchlib.infinity import infinity_points
 from trtserve.harness.benchlib.load import LoadGenerator, open_channels
 from trtserve.harness.benchlib.overload import (
     MIXED_MODE,
@@ -129,7 +145,7 @@ from trtserve.tools.child_server import ChildServer, ServerProcess
 DEFAULT_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 POLICY_MODE = "policy"
 """The ``--modes`` item that runs the dispatch-policy comparison."""
-ALL_MODES = (*MODES, POLICY_MODE, OVERLOAD_MODE, MIXED_MODE)
+ALL_MODES = (*MODES, POLICY_MODE, OVERLOAD_MODE, MIXED_MODE, EMBEDDINGS_MODE)
 CLIENTS = ("auto", "go", "python")
 """``--client``: the open loop's unary client; ``auto`` is the Go binary when it is built."""
 
@@ -171,6 +187,14 @@ def _protocol_list(text: str) -> list[str]:
 
 def _names(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _peers(text: str) -> list[str]:
+    names = _names(text)
+    unknown = [n for n in names if n not in PEERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown peer(s) {unknown or text!r}; choose from {','.join(PEERS)}")
+    return list(dict.fromkeys(names))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -221,9 +245,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--connections", type=_positive_int, default=8,
         help="client connections (gRPC channels) the unary callers are spread over, for every server; above 1 "
              "the closed-loop unary sweep also runs over one (default: 8)")
-    add("--peer", choices=PEERS,
-        help="also drive this server on the same model files, closed-loop unary sweep, same run: 'triton' "
-             "(NVIDIA PyTriton from PyPI, installed once into OUT/triton/venv)")
+    add("--peer", type=_peers, default=[],
+        help="also drive these servers on the same model, same run, one at a time, comma-separated: 'triton' "
+             "(NVIDIA PyTriton from PyPI, installed once into OUT/triton/venv; the closed-loop unary sweep), "
+             "'infinity' (infinity-emb from PyPI, installed once into OUT/infinity/venv; the embeddings mode)")
     add("--frontends", help="passed to 'trtserve serve --frontends' (default: the server's own default)")
     add("--client", choices=CLIENTS, default="auto",
         help="open-loop unary client (open sweep, overload, mixed): 'go' (clients/go/build/loadgen, built by "
@@ -239,8 +264,17 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in args.modes if m not in ALL_MODES]
     if unknown:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {','.join(ALL_MODES)}")
-    if args.peer and SWEEP_MODE not in args.modes:
-        raise SystemExit(f"--peer runs the {SWEEP_MODE} sweep; add it to --modes")
+    if "triton" in args.peer and SWEEP_MODE not in args.modes:
+        raise SystemExit(f"--peer triton runs the {SWEEP_MODE} sweep; add it to --modes")
+    embeddings = EMBEDDINGS_MODE in args.modes and EMBEDDINGS_MODEL in args.models
+    if "infinity" in args.peer and not embeddings:
+        raise SystemExit(f"--peer infinity runs the {EMBEDDINGS_MODE} mode on {EMBEDDINGS_MODEL}; add them to "
+                         "--modes and --models")
+    if EMBEDDINGS_MODE in args.modes and not embeddings:
+        if args.modes == [EMBEDDINGS_MODE]:
+            raise SystemExit(f"mode '{EMBEDDINGS_MODE}' runs only on {EMBEDDINGS_MODEL}, which is not in --models")
+        print(f"mode '{EMBEDDINGS_MODE}' skipped: it runs only on {EMBEDDINGS_MODEL}, which is not in --models",
+              flush=True)
     if args.modes == [POLICY_MODE] and not set(args.models) & set(args.policy_models):
         raise SystemExit(f"mode 'policy' runs only for --policy-models ({','.join(args.policy_models)}), "
                          f"none of which is in --models ({','.join(args.models)})")
@@ -250,21 +284,24 @@ def run(args: argparse.Namespace) -> int:
     workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng) for m in args.models}
     args.out.mkdir(parents=True, exist_ok=True)
     serve_args = (*(("--frontends", args.frontends) if args.frontends else ()),
-                  *(("--allow-http", "true", "--http-port", "0") if HTTP in args.protocol else ()),
+                  *(("--allow-http", "true", "--http-port", "0") if HTTP in args.protocol or embeddings else ()),
                   *shlex.split(args.serve_args))
     with ServerProcess(args.model_repository, *serve_args) as server:
         http = f", HTTP at {server.http_url}" if server.http_url else ""
         print(f"server under test: pid {server.pid} at {server.url}{http}", flush=True)
         raws, points = asyncio.run(_bench(args, workloads, server, rng, use_go))
-    if args.peer:
+        embedding_points = trtserve_points(args, server, texts) if embeddings else []
+    if "triton" in args.peer:
         try:
             peer = triton_peer(args.out / "triton", [w.spec for w in workloads.values()])
         except PeerSetupError as exc:
             raise SystemExit(str(exc)) from None
         with peer:
             http = f", HTTP at {peer.http_url}" if peer.http_url else ""
-            print(f"peer {args.peer}: pid {peer.pid} at {peer.url}{http}", flush=True)
+            print(f"peer triton: pid {peer.pid} at {peer.url}{http}", flush=True)
             points += asyncio.run(_peer_sweep(args, workloads, raws, peer))
+    if "infinity" in args.peer:
+        embedding_points += infinity_points(args, [w.spec for w in workloads.values()], texts)
 
     print()
     print(format_tables(points, raws))
@@ -273,8 +310,10 @@ def run(args: argparse.Namespace) -> int:
     print(format_policy_table(points))
     print(format_overload_table(points))
     print(format_mixed_table(points))
+    print(format_embeddings_table(embedding_points))
     targets = (check_targets(points, raws) + anchor_targets(points, raws) + protocol_targets(points)
-               + policy_targets(points) + overload_targets(points) + mixed_targets(points))
+               + policy_targets(points) + overload_targets(points) + mixed_targets(points)
+               + embeddings_targets(embedding_points))
     print("targets:")
     for target in targets:
         print("  " + target.line())
@@ -298,6 +337,7 @@ def run(args: argparse.Namespace) -> int:
         "open_loop_client": "go" if use_go else "python",
         "raw": {m: r.summary() for m, r in raws.items()},
         "points": [dataclasses.asdict(p) for p in points],
+        "embeddings": [dataclasses.asdict(p) for p in embedding_points],
         "targets": [dataclasses.asdict(t) for t in targets],
         "wall_s": wall_s,
     }
@@ -400,9 +440,9 @@ async def _peer_sweep(
         for model, workload in workloads.items():
             if not await gen.model_ready(model):
                 raise SystemExit(f"model '{model}' is not ready on the peer:\n" + "".join(peer.output))
-            async for point in _unary_sweeps(args, gen, peer, workload, raws[model], name=args.peer):
+            async for point in _unary_sweeps(args, gen, peer, workload, raws[model], name="triton"):
                 points.append(point)
-                print(f"{model:8} {args.peer + ' ' + point.mode:13} {format_row(point)}", flush=True)
+                print(f"{model:8} {'triton ' + point.mode:13} {format_row(point)}", flush=True)
     finally:
         for c in channels:
             await c.close()

@@ -66,7 +66,7 @@ class OnnxRuntimeBackend:
             default; config parameter ``ort_intra_op_spinning``). Spinning buys latency and
             throughput with CPU time; on a host shared with other busy processes (or under a
             container CPU quota) a spinning thread burns the core another thread needs, and
-            ``"false"`` is better (see README, "ONNX Runtime settings", for both measured).
+            ``"false"`` is better (docs/guide/serving.md, "ONNX Runtime settings"; both measured in docs/benchmarks.md).
 
     Raises:
         BackendError: the file cannot be loaded, or has an input/output type with no

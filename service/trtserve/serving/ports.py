@@ -15,7 +15,7 @@ the claim is taken once the port is bound):
 
 Neither stops a process that binds *after* the server with ``SO_REUSEPORT`` (gRPC's default):
 what decides that is whether the server's own listening sockets carry ``SO_REUSEPORT`` (see
-:mod:`trtserve.frontend.grpc.reuseport` and the README's port rule).
+:mod:`trtserve.frontend.grpc.reuseport` and the port rule in docs/guide/operating.md).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ over all members by a hash. With this program (``SO_ATTACH_REUSEPORT_CBPF``, Lin
 privilege needed) the kernel picks member ``random % N``; members are numbered in the order
 they joined, so a socket that joins after the N front ends is never picked.
 
-What remains (see the README's port rule): a socket that joins while a front end is being
+What remains (see the port rule, docs/guide/operating.md): a socket that joins while a front end is being
 restarted can take that front end's number (the kernel moves the last member into a freed
 place) and then gets its share of connections; the program is the group's, so another member
 may replace it.

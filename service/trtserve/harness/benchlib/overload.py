@@ -11,7 +11,7 @@ Pure: computed from the points' :class:`~.deadlines.DeadlineClass` summaries.
   request tight or loose at random (half each). Targets: misses (not answered OK within the
   deadline, refusals included) ≤ :data:`MISS_LIMITS` per class.
 
-Tables are Markdown (pipes), so a run's output can be pasted into the README.
+Tables are Markdown (pipes), so a run's output can be pasted into docs/benchmarks.md.
 """
 
 from __future__ import annotations

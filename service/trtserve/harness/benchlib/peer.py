@@ -21,8 +21,8 @@ import trtserve
 from trtserve.spec import ModelSpec
 from trtserve.tools.child_server import ChildServer
 
-PEERS = ("triton",)
-"""Peers ``trtserve bench --peer`` knows."""
+PEERS = ("triton", "infinity")
+"""Peers ``trtserve bench --peer`` knows: ``triton`` here, ``infinity`` in :mod:`.infinity`."""
 REQUIREMENTS = ("nvidia-pytriton", "onnxruntime", "numpy", "tokenizers", "ml_dtypes", "protobuf")
 """The peer's packages (PyPI): PyTriton (which ships tritonserver), ONNX Runtime, and what
 the trtserve modules it imports need (repository, handlers, ``pack``)."""
@@ -41,22 +41,23 @@ def _python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def ensure_venv(venv: Path) -> Path:
-    """The peer's virtual environment at ``venv`` (created and installed if missing or its
-    package list changed); returns its ``python``.
+def ensure_venv(venv: Path, requirements: Sequence[str] = REQUIREMENTS) -> Path:
+    """A peer's virtual environment at ``venv`` with the PyPI ``requirements`` (pip
+    specifiers; created and installed if missing or its package list changed); returns its
+    ``python``.
 
     Raises:
         PeerSetupError: venv or pip failed.
     """
     stamp = venv / ".trtserve-peer"
-    wanted = "\n".join(REQUIREMENTS)
+    wanted = "\n".join(requirements)
     if stamp.is_file() and stamp.read_text() == wanted and _python(venv).exists():
         return _python(venv)
-    print(f"peer: setting up {venv} (pip install {' '.join(REQUIREMENTS)}; once)", flush=True)
+    print(f"peer: setting up {venv} (pip install {' '.join(requirements)}; once)", flush=True)
     base = getattr(sys, "_base_executable", sys.executable)
     steps = [
         [base, "-m", "venv", "--clear", str(venv)],
-        [str(_python(venv)), "-m", "pip", "install", "-q", *REQUIREMENTS],
+        [str(_python(venv)), "-m", "pip", "install", "-q", *requirements],
     ]
     for cmd in steps:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=SETUP_TIMEOUT_S, check=False)

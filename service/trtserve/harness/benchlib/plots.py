@@ -24,33 +24,66 @@ def _grid(modes: Sequence[str]) -> tuple[plt.Figure, dict[str, plt.Axes]]:
     return fig, dict(zip(modes, axes.flat))
 
 
+SPAN_FOR_LOG = 10.0
+"""Values more than this many times apart: an axis spanning them is logarithmic, and a reference
+line this far beyond the measured points is named in the legend instead of drawn."""
+
+
+def _spans(a: float, b: float) -> bool:
+    lo, hi = sorted((a, b))
+    return lo <= 0 or hi > SPAN_FOR_LOG * lo
+
+
+def _reference(ax: plt.Axes, value: float, measured: Sequence[float], vertical: bool, label: str) -> None:
+    """A reference line at ``value``, drawn where it is within :data:`SPAN_FOR_LOG` of the
+    ``measured`` values, else only named in the legend ("off the axis"), so that it cannot squeeze
+    every measured point into one corner (tiny: millions of raw rows/s beside thousands served)."""
+    style = {"color": "grey", "linestyle": "-." if vertical else ":"}
+    near = measured and not (_spans(value, min(measured)) and _spans(value, max(measured)))
+    if near:
+        (ax.axvline if vertical else ax.axhline)(value, label=label, **style)
+    else:
+        ax.plot([], [], label=f"{label}: off the axis", **style)
+
+
 def plot_latency(model: str, points: Sequence[Point], raw: RawReference | None, path: Path) -> None:
+    """Write :func:`latency_figure` to ``path`` (PNG)."""
+    fig = latency_figure(model, points, raw)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def latency_figure(model: str, points: Sequence[Point], raw: RawReference | None) -> plt.Figure:
     """Per mode: p50/p90/p99 latency (ms, log scale) against achieved rows/s, one marker per
     sweep point joined in sweep order, with the raw engine's best rows/s (vertical) and
-    batch-of-one latency (horizontal) as reference lines."""
+    batch-of-one latency (horizontal) as reference lines. A reference line more than
+    :data:`SPAN_FOR_LOG` times beyond the served points is named in the legend, not drawn, and
+    the rows/s axis is logarithmic where the served points span that much."""
     modes = [m for m in MODES if any(p.mode == m for p in points)]
     fig, axes = _grid(modes)
     for mode, ax in axes.items():
         rows = [p for p in points if p.mode == mode and p.p50_ms is not None]  # in sweep order
         x = [p.rows_per_s for p in rows]
+        latencies = [getattr(p, f"p{q}_ms") for p in rows for q in PERCENTILES]
         for q, style in zip(PERCENTILES, ("o-", "s--", "^:")):
             ax.plot(x, [getattr(p, f"p{q}_ms") for p in rows], style, label=f"p{q}")
         for p in rows:
             ax.annotate(load_label(p), (p.rows_per_s, p.p50_ms), textcoords="offset points", xytext=(4, -10),
                         fontsize=7)
         if raw is not None:
-            ax.axvline(raw.best.rows_per_s, color="grey", linestyle="-.",
-                       label=f"raw best ({raw.best.rows_per_s:.0f}/s)")
-            ax.axhline(raw.batch1_ms, color="grey", linestyle=":", label=f"raw batch-of-one ({raw.batch1_ms:.2f} ms)")
+            _reference(ax, raw.best.rows_per_s, x, True, f"raw best ({raw.best.rows_per_s:,.0f} rows/s)")
+            _reference(ax, raw.batch1_ms, [v for v in latencies if v], False,
+                       f"raw batch-of-one ({raw.batch1_ms:.3g} ms)")
         ax.set_yscale("log")
+        if x and min(x) > 0 and _spans(min(x), max(x)):
+            ax.set_xscale("log")
         ax.set_title(f"{model} · {mode}")
         ax.set_xlabel("achieved rows/s")
         ax.set_ylabel("latency (ms)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def plot_batches(model: str, points: Sequence[Point], max_batch_size: int, path: Path) -> None:

@@ -1,0 +1,241 @@
+"""The embeddings comparison of ``trtserve bench`` (mode ``embeddings``): sentence embeddings
+through an OpenAI-style HTTP embeddings route, closed loop, on trtserve and on a peer that
+serves the same model (Infinity, :mod:`.infinity`), one server at a time.
+
+Each point is one server, one request size (:data:`TEXTS_PER_REQUEST` texts per request,
+sentences of the corpus the bench loads) and one number of callers (``--concurrency``): every
+caller sends its next ``POST`` when the last is answered, over a connection of its own
+(aiohttp, keep-alive). Request bodies (``{"model": ..., "input": [...]}``, JSON) are built
+before any clock starts; an answer counts as OK on HTTP 200 with its whole body read (the
+body is not parsed, so the client's cost per call stays small and equal for both servers).
+Each point runs unmeasured for ``--warmup`` seconds *and* until every caller has had its first
+answer (with 64 callers of 32 texts a round is many seconds, and the first round's latencies are
+not the steady state's), then a window of ``--duration`` seconds: the answers that come inside
+the window are its sample. After the window the callers stop and their requests in flight are
+awaited unmeasured, so no queue is left behind for the next point (or the next server).
+
+Figures per point: texts/s (texts of the OK answers in the window ÷ its length: the served
+rate, counted where it is delivered), p50/p99 latency in ms (send → answer, OK answers in the
+window), errors by HTTP status (or the client exception's name), and the server's CPU time per
+text in µs (its whole process tree, :mod:`.proctree`, over the window ÷ the texts answered in
+it). Targets (:func:`embeddings_targets`): trtserve's
+texts/s ≥ :data:`THROUGHPUT_RATIO` × the peer's at every (request size, callers), and
+trtserve's p50 at one caller ≤ the peer's, per request size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+import numpy as np
+import orjson
+
+from trtserve.harness.benchlib.proctree import tree_cpu_seconds
+from trtserve.harness.benchlib.report import SERVER, Target, fmt, percentiles_ms
+from trtserve.tools.child_server import ServerProcess
+
+EMBEDDINGS_MODE = "embeddings"
+"""The ``--modes`` item of this comparison."""
+EMBEDDINGS_MODEL = "minilm"
+"""The model compared: the one whose sentence-transformers weights the peer can load too."""
+TEXTS_PER_REQUEST = (1, 32)
+"""Texts (``input`` strings) per request, one row of points each."""
+TRTSERVE_PATH = "/v1/embeddings"
+"""trtserve's route (:mod:`trtserve.frontend.http.openai`)."""
+THROUGHPUT_RATIO = 1.2
+"""Target: trtserve's texts/s over the peer's, at every point."""
+CALL_TIMEOUT_S = 300.0
+"""Client timeout of one request: a safety net against a hung server, never reached in a healthy run."""
+OK = "OK"
+
+
+@dataclass(frozen=True)
+class EmbeddingPoint:
+    """One closed-loop point of the embeddings comparison.
+
+    Attributes:
+        server: :data:`~.report.SERVER` or the peer's name.
+        model: the model name sent in ``model``.
+        texts_per_request: strings in each request's ``input``.
+        callers: concurrent callers (closed loop).
+        window_s: length of the measuring window in seconds.
+        requests: answers inside the window (OK or not).
+        texts_per_s: texts of the OK answers per second of window.
+        p50_ms, p99_ms: latency percentiles of the OK answers (ms; None without one).
+        errors: answers other than OK, by HTTP status or client exception name.
+        server_cpu_us_per_text: server process tree's CPU µs in the window per text answered OK
+            in it (None when none was).
+    """
+
+    server: str
+    model: str
+    texts_per_request: int
+    callers: int
+    window_s: float
+    requests: int
+    texts_per_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    errors: dict[str, int] = field(default_factory=dict)
+    server_cpu_us_per_text: float | None = None
+
+
+def request_bodies(model: str, texts: Sequence[str], per_request: int) -> list[bytes]:
+    """JSON bodies of ``per_request`` consecutive texts each (the texts repeat, in order, to
+    fill the last one); at least one body.
+
+    Raises:
+        ValueError: no texts.
+    """
+    if not texts:
+        raise ValueError("the embeddings comparison needs sentences: no corpus under --data")
+    count = max(1, len(texts) // per_request)
+    return [orjson.dumps({"model": model, "input": [texts[(b * per_request + i) % len(texts)]
+                                                    for i in range(per_request)]})
+            for b in range(count)]
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> str:
+    """One request; ``OK`` on 200 with its body read, else the status or the exception's name."""
+    try:
+        async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+            await response.read()
+            return OK if response.status == 200 else str(response.status)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        return type(exc).__name__
+
+
+async def closed_loop(
+    url: str, model: str, server: str, bodies: Sequence[bytes], per_request: int, callers: int, warmup_s: float,
+    duration_s: float, server_cpu_s: Callable[[], float],
+) -> EmbeddingPoint:
+    """One point: ``callers`` callers posting ``bodies`` (in turn) to ``url`` (a full
+    ``http://host:port/path``); see the module docstring for the window and the figures."""
+    sent: list[float] = []
+    done: list[float] = []
+    codes: list[str] = []
+    stop = asyncio.Event()
+    answered: set[int] = set()
+    all_answered = asyncio.Event()
+    connector = aiohttp.TCPConnector(limit=callers)
+    timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def caller(first: int) -> None:
+            i = first
+            while not stop.is_set():
+                body = bodies[i % len(bodies)]
+                i += callers
+                start = time.perf_counter()
+                code = await _post(session, url, body)
+                sent.append(start)
+                done.append(time.perf_counter())
+                codes.append(code)
+                answered.add(first)
+                if len(answered) == callers:
+                    all_answered.set()
+
+        task = asyncio.gather(*(caller(k) for k in range(callers)))
+        try:
+            await asyncio.gather(asyncio.sleep(warmup_s), all_answered.wait())
+            cpu_before, window_start = server_cpu_s(), time.perf_counter()
+            await asyncio.sleep(duration_s)
+            cpu_after, window_end = server_cpu_s(), time.perf_counter()
+            stop.set()
+            await task
+        finally:
+            task.cancel()
+    sent_at, done_at = np.asarray(sent), np.asarray(done)
+    keep = (done_at >= window_start) & (done_at < window_end)
+    kept_codes = np.asarray(codes, dtype=object)[keep]
+    ok = kept_codes == OK
+    window_s = window_end - window_start
+    latency_us = (done_at[keep] - sent_at[keep])[ok] * 1e6
+    pct = percentiles_ms(latency_us, (50, 99))
+    texts = int(ok.sum()) * per_request
+    return EmbeddingPoint(
+        server=server, model=model, texts_per_request=per_request, callers=callers, window_s=window_s,
+        requests=int(keep.sum()), texts_per_s=texts / window_s, p50_ms=pct[50],
+        p99_ms=pct[99], errors=dict(Counter(c for c in kept_codes if c != OK)),
+        server_cpu_us_per_text=(cpu_after - cpu_before) / texts * 1e6 if texts else None,
+    )
+
+
+def format_header() -> str:
+    return f"{'server':9} {'texts/req':>9} {'callers':>7} {'texts/s':>9} {'p50 ms':>8} {'p99 ms':>8} " \
+           f"{'cpu us/text':>11}  errors"
+
+
+def format_row(p: EmbeddingPoint) -> str:
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(p.errors.items())) or "0"
+    return (f"{p.server:9} {p.texts_per_request:>9} {p.callers:>7} {p.texts_per_s:>9.1f} {fmt(p.p50_ms, '.2f'):>8} "
+            f"{fmt(p.p99_ms, '.2f'):>8} {fmt(p.server_cpu_us_per_text, '.0f'):>11}  {errors}")
+
+
+async def sweep(
+    url: str, server: str, model: str, texts: Sequence[str], concurrency: Iterable[int], warmup_s: float,
+    duration_s: float, server_cpu_s: Callable[[], float],
+) -> list[EmbeddingPoint]:
+    """Every (request size of :data:`TEXTS_PER_REQUEST`, callers of ``concurrency``) point
+    against ``url``, one after another, each printed as it ends."""
+    points = []
+    for per_request in TEXTS_PER_REQUEST:
+        bodies = request_bodies(model, texts, per_request)
+        for callers in concurrency:
+            point = await closed_loop(url, model, server, bodies, per_request, callers, warmup_s, duration_s,
+                                      server_cpu_s)
+            points.append(point)
+            print(f"{model:8} {EMBEDDINGS_MODE:13} {format_row(point)}", flush=True)
+    return points
+
+
+def format_embeddings_table(points: Sequence[EmbeddingPoint]) -> str:
+    """The embeddings points as a table (empty string without any), trtserve's rows first."""
+    if not points:
+        return ""
+    return "\n".join([f"embeddings ({points[0].model}, OpenAI-style HTTP, closed loop):", format_header(),
+                      *(format_row(p) for p in points), ""])
+
+
+def embeddings_targets(points: Sequence[EmbeddingPoint]) -> list[Target]:
+    """For each peer in ``points``: trtserve's texts/s ≥ :data:`THROUGHPUT_RATIO` × the peer's
+    at every (request size, callers) both measured, and trtserve's p50 at one caller ≤ the
+    peer's, per request size. A point with errors on either side is a MISS."""
+    ours = {(p.texts_per_request, p.callers): p for p in points if p.server == SERVER}
+    targets = []
+    for peer in dict.fromkeys(p.server for p in points if p.server != SERVER):
+        theirs = {(p.texts_per_request, p.callers): p for p in points if p.server == peer}
+        for key in (k for k in ours if k in theirs):
+            a, b = ours[key], theirs[key]
+            clean = not a.errors and not b.errors
+            name = f"{a.model} embeddings {key[0]} text(s)/request, {key[1]} caller(s)"
+            quotient = a.texts_per_s / b.texts_per_s if b.texts_per_s > 0 else None
+            passed = clean and quotient is not None and quotient >= THROUGHPUT_RATIO
+            targets.append(Target(f"{name}: texts/s >= {THROUGHPUT_RATIO} x {peer}", "PASS" if passed else "MISS",
+                                  f"{a.texts_per_s:.1f} vs {b.texts_per_s:.1f} texts/s = {fmt(quotient, '.2f')}x"
+                                  + ("" if clean else f"; errors {a.errors or 0} vs {b.errors or 0}")))
+            if key[1] == 1:
+                passed = clean and a.p50_ms is not None and b.p50_ms is not None and a.p50_ms <= b.p50_ms
+                targets.append(Target(f"{name}: p50 <= {peer}'s", "PASS" if passed else "MISS",
+                                      f"{fmt(a.p50_ms, '.2f')} vs {fmt(b.p50_ms, '.2f')} ms"))
+    return targets
+
+
+def trtserve_points(args: argparse.Namespace, server: ServerProcess, texts: Sequence[str]) -> list[EmbeddingPoint]:
+    """The embeddings sweep against the server under test (started with ``--allow-http true``),
+    on :data:`EMBEDDINGS_MODEL` at :data:`TRTSERVE_PATH`.
+
+    Raises:
+        SystemExit: the server printed no HTTP address.
+    """
+    if not server.http_url:
+        raise SystemExit(f"mode '{EMBEDDINGS_MODE}': trtserve printed no 'trtserve HTTP on' line; is "
+                         "'--allow-http true' overridden in --serve-args?")
+    return asyncio.run(sweep(f"http://{server.http_url}{TRTSERVE_PATH}", SERVER, EMBEDDINGS_MODEL, texts,
+                             args.concurrency, args.warmup, args.duration, lambda: tree_cpu_seconds(server.pid)))
