@@ -32,7 +32,7 @@ from trtserve.config import BatchingPolicy, TimeoutAction
 from trtserve.datatypes import Tensors
 from trtserve.errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
 from trtserve.ipc.admission import QueueHint
-from trtserve.runtimes.base import Abortable, Backend, Batch, unpack
+from trtserve.runtimes.base import Abortable, Backend, Batch, RunsInline, unpack
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,14 @@ CAP_REFRESH_BATCHES = 16
 # again).
 HANG_FACTOR = 20.0
 HANG_MIN_S = 10.0
+INLINE_RUN_S = 0.5e-3
+"""A batch the latency model predicts to run within this many seconds runs on the event loop
+itself where the backend can (:class:`~trtserve.runtimes.base.RunsInline`): handing a batch to
+the slot's thread and back (an executor job, the cross-thread wake-up of the loop, a future and
+a task) costs about 0.1 ms of CPU here, as much as such a run, and a run measured through the
+thread includes that hand-off's wall time (so the bound sits above it). The loop is held no
+longer than the run. A batch predicted longer, or any before the latency model has measured
+one, goes to the slot's thread."""
 
 
 class Dispatcher:
@@ -308,7 +316,10 @@ class Dispatcher:
 
     def _launch(self, pieces: list[Piece], cpu_mark: float) -> None:
         """Start ``pieces`` as one batch on an idle slot; ``cpu_mark``: the host CPU counter
-        when the decision to run it began (the decision counts as the batch's host cost)."""
+        when the decision to run it began (the decision counts as the batch's host cost). A
+        batch predicted to run within :data:`INLINE_RUN_S` runs here, on the event loop, where
+        the backend can (:class:`~trtserve.runtimes.base.RunsInline`); any other in a task that
+        awaits the slot's thread."""
         slot = self._idle.pop()
         rows = sum(p.rows for p in pieces)
         length = max(p.entry.length for p in pieces)
@@ -318,6 +329,9 @@ class Dispatcher:
         self._ends.started(slot, now, self.latency.lower_bound(rows, length))
         for piece in pieces:
             self._inflight[piece.entry] = None
+        if predicted <= INLINE_RUN_S and self.latency.measured and isinstance(self.backend, RunsInline):
+            self._run_inline(slot, pieces, cpu_mark)
+            return
         task = asyncio.get_running_loop().create_task(self._run(slot, pieces))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
@@ -326,36 +340,56 @@ class Dispatcher:
     async def _run(self, slot: int, pieces: Sequence[Piece]) -> None:
         # Host CPU of this batch: the decision and launch (_launch_cpu), this code up to the
         # backend's first suspension, and the code after the run up to the delivery.
-        cpu = self.host.cpu
-        mark = cpu()
-        batch = Batch(tuple(p.inputs() for p in pieces), sum(p.rows for p in pieces))
-        length = max(p.entry.length for p in pieces)
-        real = sum(p.rows * p.entry.length for p in pieces)
-        start = self.clock.now()
-        self.stats.record_started(start - p.entry.arrival for p in pieces if p.seg == 0 and p.start == 0)
+        mark = self.host.cpu()
+        batch, start = self._started(pieces)
         try:
             pending = self.backend.run(slot, batch)
-            host_cpu = self._launch_cpu.pop(slot, 0.0) + cpu() - mark
-            outputs = await pending
-            mark = cpu()
-            elapsed = self.clock.now() - start
-            self.latency.observe(batch.rows, elapsed, length)
-            self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length, real=real,
-                                    requests=len({id(p.entry) for p in pieces}))
-            self._refresh_cap(length)
-            self._deliver(pieces, batch, outputs)
-            host_cpu += cpu() - mark
-            self.host.observe_batch(host_cpu)
-            self.stats.host_seconds += host_cpu
-        except TrtServeError as exc:
+            host_cpu = self._launch_cpu.pop(slot, 0.0) + self.host.cpu() - mark
+            self._ran(pieces, batch, await pending, start, host_cpu)
+        except Exception as exc:
             self._fail_pieces(pieces, exc)
-        except Exception as exc:  # a runtime bug must not strand the batch's callers
-            self._fail_pieces(pieces, BackendError(f"{type(exc).__name__}: {exc}"))
         finally:
-            del self._hang_at[slot]
-            self.unhealthy_slots.discard(slot)
-            self._idle.append(slot)
-            self._wake.set()
+            self._free(slot)
+
+    def _run_inline(self, slot: int, pieces: Sequence[Piece], cpu_mark: float) -> None:
+        # Host CPU: the decision and launch up to the run; the run itself is the engine's.
+        batch, start = self._started(pieces)
+        try:
+            host_cpu = self.host.cpu() - cpu_mark
+            self._ran(pieces, batch, self.backend.run_inline(slot, batch), start, host_cpu)  # type: ignore[attr-defined]
+        except Exception as exc:
+            self._fail_pieces(pieces, exc)
+        finally:
+            self._free(slot)
+
+    def _started(self, pieces: Sequence[Piece]) -> tuple[Batch, float]:
+        """The batch of ``pieces`` and its start time (its pieces' queue times recorded)."""
+        batch = Batch(tuple(p.inputs() for p in pieces), sum(p.rows for p in pieces))
+        start = self.clock.now()
+        self.stats.record_started(start - p.entry.arrival for p in pieces if p.seg == 0 and p.start == 0)
+        return batch, start
+
+    def _ran(self, pieces: Sequence[Piece], batch: Batch, outputs: Tensors, start: float, host_cpu: float) -> None:
+        """Learn from a batch that ran (latency model, stats, cap) and deliver its outputs;
+        ``host_cpu``: the host CPU seconds it cost before its run."""
+        mark = self.host.cpu()
+        elapsed = self.clock.now() - start
+        length = max(p.entry.length for p in pieces)
+        self.latency.observe(batch.rows, elapsed, length)
+        self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length,
+                                real=sum(p.rows * p.entry.length for p in pieces),
+                                requests=len({id(p.entry) for p in pieces}))
+        self._refresh_cap(length)
+        self._deliver(pieces, batch, outputs)
+        host_cpu += self.host.cpu() - mark
+        self.host.observe_batch(host_cpu)
+        self.stats.host_seconds += host_cpu
+
+    def _free(self, slot: int) -> None:
+        del self._hang_at[slot]
+        self.unhealthy_slots.discard(slot)
+        self._idle.append(slot)
+        self._wake.set()
 
     def _refresh_cap(self, length: int) -> None:
         if self.policy.adaptive_batch_size and self.stats.batches % CAP_REFRESH_BATCHES == 0:
@@ -375,7 +409,11 @@ class Dispatcher:
             if entry.rows == 0 and entry.running == 0 and not entry.done:
                 entry.future.set_result([_concat(chunks) for chunks in entry.chunks])
 
-    def _fail_pieces(self, pieces: Sequence[Piece], exc: TrtServeError) -> None:
+    def _fail_pieces(self, pieces: Sequence[Piece], exc: Exception) -> None:
+        """Answer every request of a failed batch: its error when it is a trtserve one, else
+        (a runtime bug, which must not strand the batch's callers) INTERNAL naming it."""
+        if not isinstance(exc, TrtServeError):
+            exc = BackendError(f"{type(exc).__name__}: {exc}")
         for piece in pieces:
             piece.entry.running -= 1
             self.queue.remove(piece.entry)

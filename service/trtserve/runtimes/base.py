@@ -90,6 +90,21 @@ class Abortable(Protocol):
         """
 
 
+@runtime_checkable
+class RunsInline(Protocol):
+    """A :class:`Backend` that can run a batch on the calling thread (optional). The dispatcher
+    runs a batch so, on the event loop, when the latency model predicts it shorter than the
+    hand-off to the slot's thread costs (:data:`~trtserve.batching.dispatcher.INLINE_RUN_S`);
+    only engines whose run time the latency model predicts (not arbitrary Python models)."""
+
+    def run_inline(self, slot: int, batch: Batch) -> Tensors:
+        """What :meth:`Backend.run` computes, on this thread, blocking it for the run.
+
+        Raises:
+            BackendError: the engine failed.
+        """
+
+
 class StagingBuffers:
     """Grow-only host buffers of one execution slot, one per engine input.
 

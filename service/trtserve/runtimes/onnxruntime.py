@@ -135,9 +135,14 @@ class OnnxRuntimeBackend:
     async def run(self, slot: int, batch: Batch) -> Tensors:
         """Run ``batch`` on session ``slot`` in that slot's thread. See :class:`~trtserve.runtimes.base.Backend`."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads[slot], self._run, slot, batch)
+        return await loop.run_in_executor(self._threads[slot], self.run_inline, slot, batch)
 
-    def _run(self, slot: int, batch: Batch) -> Tensors:
+    def run_inline(self, slot: int, batch: Batch) -> Tensors:
+        """Run ``batch`` on session ``slot`` on this thread (:class:`~trtserve.runtimes.base.RunsInline`).
+
+        Raises:
+            BackendError: onnxruntime failed (its message, and the batch's rows).
+        """
         feed = pack(batch, self.inputs, self._staging[slot], self.pad_value)
         if not self.batched:
             feed = {name: arr[0] for name, arr in feed.items()}
