@@ -234,10 +234,13 @@ MUTATIONS = {
 }
 
 
-# At most one change of the element count or the data size per request: two could cancel out
-# (a batch dim one longer and the bytes of one more INT8 make a well-formed request again).
-ONE_SIZE_CHANGE = {"bytes +1", "bytes -1", "bytes left over", "dim", "zero dim", "drop batch dim",
-                   "typed wrong field"}
+# At most one mutation of each group per request. Two changes of the element count or the data
+# size could cancel out (a batch dim one longer and the bytes of one more INT8, or typed values
+# added where the raw data was taken away, make a well-formed request again).
+# Likewise one change of the version.
+EXCLUSIVE = ({"bytes +1", "bytes -1", "bytes left over", "dim", "zero dim", "drop batch dim", "typed wrong field",
+              "missing raw"},
+             {"version not loaded", "loaded version"})
 
 
 class Case:
@@ -331,7 +334,7 @@ def mutated(draw):
     for mutation in draw(st.lists(st.sampled_from(sorted(MUTATIONS)), max_size=3, unique=True)):
         t = request.inputs[0] if request.inputs else None
         bytes_raw = raws and t is not None and t.datatype == "BYTES"
-        if mutation in ONE_SIZE_CHANGE and ONE_SIZE_CHANGE & set(applied):
+        if any(mutation in group and group & set(applied) for group in EXCLUSIVE):
             continue
         if mutation == "datatype" and t is not None:
             t.datatype = draw(st.sampled_from([d for d in [*sorted(DATATYPES), "TYPE_FP32", "fp32", ""]
