@@ -70,11 +70,11 @@ lint: $(VENV)/.installed
 docs: $(VENV)/.installed
 	$(PY) tools/reference_docs.py
 
-## fuzz: the long fuzzing run of the request path, unary and streaming (hypothesis, against a live
+## fuzz: the long fuzzing run of the request path, unary, streaming and HTTP (hypothesis, against a live
 ## server); `make test` runs the same tests with a short budget (150 examples)
 FUZZ_EXAMPLES ?= 5000
 fuzz: engine
-	TRTSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -o timeout=7200 tests/reliability/test_fuzz.py --hypothesis-show-statistics
+	TRTSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -o timeout=7200 tests/reliability/test_fuzz.py tests/reliability/test_fuzz_http.py --hypothesis-show-statistics
 
 ## soak: mixed unary, streaming, cancelling and malformed traffic on minilm against a server
 ## process for SOAK_SECONDS (default 10 minutes); reports statuses and RSS, fails on growth >= 5%.

@@ -7,6 +7,8 @@
 #      throughput per batch size (tests/gpu/test_tensorrt_gpu.py), and C15: two slots under 16
 #      concurrent clients against the sequential reference (tests/gpu/test_tensorrt_concurrent_slots.py).
 #      Otherwise it says it skipped.
+# Each pytest run must pass at least one test: this script runs only where nvidia-smi sees a GPU,
+# so a run in which every test skipped (or none was collected) counts as a failure.
 # Usage: bash tests/gpu/run.sh   (GPU_VENV=dir to choose where the throwaway venv goes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,6 +43,32 @@ pip 180 "numpy>=1.26" "grpcio>=1.81" "protobuf>=6.31,<7" "grpcio-tools>=1.81" "m
 "$PY" -c "import cuda.bindings, sys; print('python', sys.version.split()[0], '| cuda-bindings', cuda.bindings.__version__)"
 export PYTHONPATH="$PWD/service${PYTHONPATH:+:$PYTHONPATH}"
 
+# gpu_pytest SECONDS ARGS...: pytest under a time limit; fails when pytest fails or when no test passed.
+gpu_pytest() {
+  local limit=$1 report rc
+  shift
+  report=$(mktemp --suffix=.xml)
+  timeout "$limit" "$PY" -m pytest -q -s -p no:cacheprovider -rs --junitxml="$report" "$@"
+  rc=$?
+  if [ $rc -eq 0 ] && ! "$PY" - "$report" <<'EOF_PY'
+import sys
+import xml.etree.ElementTree as ET
+
+suite = ET.parse(sys.argv[1]).getroot()
+suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+counts = {k: int(suite.get(k, 0)) for k in ("tests", "skipped", "failures", "errors")}
+passed = counts["tests"] - counts["skipped"] - counts["failures"] - counts["errors"]
+print(f"{passed} passed of {counts['tests']} ({counts['skipped']} skipped)")
+sys.exit(0 if passed > 0 else 1)
+EOF_PY
+  then
+    echo "FAILED: no test passed (every one skipped): on a machine whose nvidia-smi sees a GPU, nothing was checked"
+    rc=1
+  fi
+  rm -f "$report"
+  return $rc
+}
+
 gen=service/trtserve/_proto
 if [ ! -f "$gen/inference/grpc_service_pb2.py" ]; then  # what `make protos` does
   rm -rf "$gen" && mkdir -p "$gen"
@@ -52,13 +80,13 @@ fi
 [ -f engines/minilm/1/model.onnx ] || echo "engines/minilm/1/model.onnx is not here (it needs torch to export): the minilm checks will skip"
 
 say "CUDA layer"
-timeout 120 "$PY" -m pytest -q -s -p no:cacheprovider tests/gpu/test_cuda_layer.py || status=1
+gpu_pytest 120 tests/gpu/test_cuda_layer.py || status=1
 
 say "TensorRT (${trt_pkg})"
 if pip 150 "$trt_pkg" && "$PY" -c "import tensorrt as t; t.Builder" 2>/dev/null; then
   "$PY" -c "import tensorrt as t; print('TensorRT', t.__version__)"
   remaining=$(( 290 - (SECONDS - T0) ))
-  timeout $(( remaining > 30 ? remaining : 30 )) "$PY" -m pytest -q -s -p no:cacheprovider \
+  gpu_pytest $(( remaining > 30 ? remaining : 30 )) \
     tests/gpu/test_tensorrt_gpu.py tests/gpu/test_tensorrt_concurrent_slots.py \
     "tests/unit/test_tensorrt_cpu.py::test_tensorrt_stub_names_exist_in_the_installed_tensorrt" || status=1
 else

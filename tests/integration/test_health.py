@@ -106,8 +106,11 @@ def test_health_not_serving_while_loading_serving_after_and_not_serving_while_dr
             slow_call = stub.ModelInfer.future(build_request("slow", row(2, 7.0), request_id="long"))
             time.sleep(0.3)
             srv.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
-            assert health.Check(health_pb2.HealthCheckRequest()).status == NOT_SERVING
+            # NOT_SERVING once the signal is handled (waited for: no bound on how soon).
+            deadline = time.monotonic() + 20
+            while health.Check(health_pb2.HealthCheckRequest(), timeout=10).status != NOT_SERVING:
+                assert time.monotonic() < deadline, "health stayed SERVING after SIGTERM"
+                time.sleep(0.01)
             inference = health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService")
             assert health.Check(inference).status == NOT_SERVING
             assert not stub.ServerReady(pb.ServerReadyRequest()).ready

@@ -260,11 +260,17 @@ def test_stream_errors_carry_the_request_id_for_unknown_models(server):
     assert "unknown model 'nope'" in messages[0].error_message
 
 
-def test_timeout_parameter_expires_a_queued_request(server):
-    # 1 µs cannot fit a run: answered DEADLINE_EXCEEDED, never queued.
+def test_timeout_parameter_that_no_run_can_meet_is_refused_at_admission(server):
+    # 1 µs cannot fit a run: answered DEADLINE_EXCEEDED at once, never queued. The call has no
+    # gRPC deadline, so the status and its sentence are the server's. (A request dropped from
+    # the queue at its deadline: tests/reliability/test_expired_requests_not_run.py.)
     with server.client() as c, pytest.raises(grpc.RpcError) as err:
         c.stub.ModelInfer(build_request("tiny", {"INPUT": np.ones((1, 64), np.float32)}, timeout_us=1))
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    details = err.value.details()
+    # Refused by the front end (from the engine core's hint) or by the engine core itself.
+    assert details.startswith("the request's deadline") and (
+        "'tiny' takes at least" in details or "even on an idle server" in details), details
 
 
 def test_health_and_metadata(server):

@@ -136,7 +136,10 @@ def test_a_front_end_refuses_before_crossing_from_the_queue_hint(make_server, tm
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
         assert "the model 'slow' is overloaded: predicted queue wait" in details
         assert srv.core.frontend_requests[0] == crossed  # refused without crossing
-        assert first.result() is not None and all(f.result() is not None for f in load)
+        # Nothing queued is lost: every one is answered with its own rows.
+        np.testing.assert_array_equal(first.result()["OUTPUT0"], row(1.0)["INPUT0"])
+        for i, f in enumerate(load):
+            np.testing.assert_array_equal(f.result()["OUTPUT0"], row(10.0 + i)["INPUT0"])
     m = scrape(srv.metrics_at())
     assert sample(m, "trtserve_rejected_total", model="slow", reason="queue_wait") == 1
 
@@ -157,7 +160,8 @@ def test_a_full_queue_is_refused_before_crossing(make_server, tmp_path):
         assert first[0] == second[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "queue is full" in first[1] and "queue of model 'slow' is full" in second[1], (first, second)
         assert srv.core.frontend_requests[0] == crossed + 1
-        assert all(f.result() is not None for f in held)
+        for i, f in enumerate(held):  # the running one and the two queued are served, their own rows
+            np.testing.assert_array_equal(f.result()["OUTPUT0"], row(1.0 + i)["INPUT0"])
     m = scrape(srv.metrics_at())
     assert sample(m, "trtserve_rejected_total", model="slow", reason="queue_full") == 2
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 import textwrap
 import time
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.tools.testmodels import config_text, identity, write_model
@@ -258,3 +260,58 @@ def gate_batches(log_file: Path) -> list[list[float]]:
     if not Path(log_file).exists():
         return []
     return [[float(v) for v in line.split()] for line in Path(log_file).read_text().splitlines() if line]
+
+
+# The dispatcher's own DEADLINE_EXCEEDED messages (trtserve.batching.dispatcher): a request dropped
+# from the queue, and one answered while its batch still ran. A test of a server-side deadline sets
+# it with the ``timeout`` parameter and gives the gRPC call a far longer deadline, so that the status
+# can only come from the server (a client whose own deadline passes makes DEADLINE_EXCEEDED itself).
+EXPIRED_IN_QUEUE = "it was not run"
+EXPIRED_WHILE_RUNNING = "deadline passed while its batch was still running"
+UNMEETABLE = ("takes at least", "even on an idle server")  # refused at admission (front end, engine core)
+
+
+def deadline_answer(details: str) -> str:
+    """Which of the server's DEADLINE_EXCEEDED answers ``details`` is: "queue" (dropped from the
+    queue), "running" (answered while its batch ran), "admission" (refused as unmeetable), or
+    the text itself when it is none of them (not the server's)."""
+    if EXPIRED_IN_QUEUE in details:
+        return "queue"
+    if EXPIRED_WHILE_RUNNING in details:
+        return "running"
+    return "admission" if any(m in details for m in UNMEETABLE) else details
+
+
+def with_timeout(request: pb.ModelInferRequest, seconds: float) -> pb.ModelInferRequest:
+    """``request`` with its ``timeout`` parameter (the server-side deadline) set to ``seconds``."""
+    request.parameters["timeout"].int64_param = round(seconds * 1e6)
+    return request
+
+
+def timed_call(stub, request: pb.ModelInferRequest, timeout: float = 60.0):
+    """One ModelInfer with a gRPC deadline of ``timeout`` s: (code, response or details, seconds)."""
+    t0 = time.monotonic()
+    try:
+        response = stub.ModelInfer(request, timeout=timeout)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or "", time.monotonic() - t0
+    return grpc.StatusCode.OK, response, time.monotonic() - t0
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample on the Prometheus endpoint at ``port``: (name, sorted labels) -> value."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def deadline_exceeded(srv, model: str) -> dict[str, float]:
+    """``trtserve_deadline_exceeded_total`` of ``model`` by ``when`` (``before_run``: dropped from
+    the queue or refused at admission; ``finished_late``: answered while its batch ran), from the
+    metrics endpoint of an in-process server started with ``metrics_port=0``."""
+    metrics = scrape(srv.metrics_at())
+    return {when: metrics.get(("trtserve_deadline_exceeded_total", (("model", model), ("when", when))), 0.0)
+            for when in ("before_run", "finished_late")}

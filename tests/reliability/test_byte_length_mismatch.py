@@ -5,18 +5,21 @@ share a batch). Client A sends [1,5] FP32 with 28 bytes (7 floats), then 12 byte
 client B sends a correct [1,5] tensor 100..104 in the same window. A fails INVALID_ARGUMENT at
 admission naming the input and both byte counts; B gets exactly its own bytes back; A never
 takes a place in a batch (the engine only ever ran B's rows). Also: a shape whose element
-count overflows int64 and a negative dimension other than -1. Not scaled.
+count overflows int64 and a negative dimension other than -1; and a BYTES tensor with bytes
+left over after its last length-prefixed element (a BYTES identity), refused alone, by name,
+unary and in a stream. Not scaled.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
 import pytest
-from harness import raw_request, write_identity
+from harness import error_code, raw_request, stream, write_identity
 
 from servers import code_of
 
@@ -31,6 +34,7 @@ def srv(tmp_path_factory):
     write_identity(root, "identity_fp32", "FP32", (5,), max_batch_size=8,
                    dynamic="max_queue_delay_microseconds: 50000",
                    parameters={"batching": "fixed"})
+    write_identity(root, "echo_bytes", "BYTES", (1,), max_batch_size=8)
     with ServerThread(root) as s:
         yield s
 
@@ -100,3 +104,27 @@ def test_raw_and_typed_contents_together_are_refused(srv):
             c.stub.ModelInfer(request, timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "INPUT0" in err.value.details() and "contents.fp32_contents" in err.value.details()
+
+
+def length_prefixed(*elements: bytes) -> bytes:
+    """KServe v2 raw BYTES: each element as a little-endian uint32 length, then its bytes."""
+    return b"".join(struct.pack("<I", len(e)) + e for e in elements)
+
+
+@pytest.mark.parametrize("trailing", [b"\x01", b"xyz", b"\x00\x00\x00\x00", struct.pack("<I", 2) + b"cd"],
+                         ids=["1 byte", "3 bytes", "an empty element's length", "a whole extra element"])
+def test_bytes_left_over_after_the_last_element_are_invalid_argument(srv, trailing):
+    """A [1, 1] BYTES tensor whose raw data goes on past its one element: refused naming the
+    input and the count of bytes left over (not cut short to the shape), alone in its stream."""
+    bad = raw_request("echo_bytes", "BYTES", [1, 1], length_prefixed(b"ab") + trailing, request_id="bad")
+    good = raw_request("echo_bytes", "BYTES", [1, 1], length_prefixed(b"ab"), request_id="good")
+    with srv.client() as c:
+        code, _, details = call(c.stub, bad)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+        assert f"input 'INPUT0' (BYTES) has {len(trailing)} bytes left over after its 1 elements" in details, details
+        messages, final = stream(c.stub, [bad, good], timeout=30)
+    assert final == grpc.StatusCode.OK
+    answers = {m.infer_response.id: m for m in messages}
+    assert error_code(answers["bad"]) == "INVALID_ARGUMENT" and "left over" in answers["bad"].error_message
+    assert error_code(answers["good"]) == "OK"
+    assert answers["good"].infer_response.raw_output_contents[0] == length_prefixed(b"ab")

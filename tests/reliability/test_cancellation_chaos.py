@@ -4,9 +4,13 @@ Probe model with T = 200 ms per batch, max batch 8, one instance; its warm-up is
 the latency model starts out optimistic and short-deadline requests really are queued (and
 must be dropped) until it learns. For 15 s (the case: 60 s) 32 client workers mix:
 
-* 40% requests with a 50 ms gRPC deadline  -> DEADLINE_EXCEEDED, or RESOURCE_EXHAUSTED where
-  admission refuses one because the work queued ahead leaves it no time (issue 16: overloaded,
-  retry elsewhere), never OK;
+* 40% requests with a 50 ms deadline as the ``timeout`` parameter (and a 10 s gRPC deadline, so
+  that the deadline is the server's to keep)  -> the server's DEADLINE_EXCEEDED (dropped from the
+  queue, refused at admission once the latency model knows 50 ms is too short, or answered
+  while its batch ran), or RESOURCE_EXHAUSTED where admission refuses one because the work
+  queued ahead leaves it no time (issue 16: overloaded, retry elsewhere), never OK; some are
+  dropped from the queue, and every one dropped or refused is counted in
+  ``trtserve_deadline_exceeded_total{when="before_run"}``;
 * 20% sent as futures and cancelled after 0-300 ms  -> CANCELLED (or OK if already answered);
 * 10% on a channel of their own that the client closes 0-300 ms in (the TCP connection goes
   away mid-request)  -> CANCELLED on the client;
@@ -32,7 +36,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
-from harness import probe, row, wait_for, write_probe
+from harness import (
+    deadline_answer,
+    deadline_exceeded,
+    probe,
+    row,
+    wait_for,
+    with_timeout,
+    write_probe,
+)
 
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request
@@ -44,9 +56,10 @@ ALLOWANCE_S = 0.25  # a cancel or deadline takes this long, at most, to reach th
 
 def test_chaos_then_normal_traffic_is_served_and_everything_returns_to_baseline(make_server, tmp_path):
     write_probe(tmp_path, "slow", max_batch_size=8, batch_ms=200, fast_warmup="true")
-    srv = make_server(tmp_path)
+    srv = make_server(tmp_path, metrics_port=0)
     served = srv.registry.get("slow")
     dispatcher, model = served.dispatcher, probe(srv, "slow")
+    counted = deadline_exceeded(srv, "slow")
 
     async def tasks():
         return len(asyncio.all_tasks())
@@ -55,6 +68,7 @@ def test_chaos_then_normal_traffic_is_served_and_everything_returns_to_baseline(
     ids = itertools.count(1)
     lock = threading.Lock()
     outcomes: dict[str, Counter] = {k: Counter() for k in ("deadline", "cancel", "disconnect", "normal")}
+    expiries: Counter = Counter()  # the server's DEADLINE_EXCEEDED answers (harness.deadline_answer)
     gone_at: dict[float, float] = {}  # id -> when the server may have learned it is not wanted
     stop = threading.Event()
 
@@ -70,10 +84,13 @@ def test_chaos_then_normal_traffic_is_served_and_everything_returns_to_baseline(
                 kind = "deadline"
                 gone_at[rid] = t0 + 0.05
                 try:
-                    c.stub.ModelInfer(request, timeout=0.05)
+                    c.stub.ModelInfer(with_timeout(request, 0.05), timeout=10)
                     code = grpc.StatusCode.OK
                 except grpc.RpcError as exc:
                     code = exc.code()
+                    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        with lock:
+                            expiries[deadline_answer(exc.details() or "")] += 1
             elif pick < 0.6:
                 kind = "cancel"
                 future = c.stub.ModelInfer.future(request, timeout=10)
@@ -125,12 +142,17 @@ def test_chaos_then_normal_traffic_is_served_and_everything_returns_to_baseline(
         list(pool.map(normal, [1e6 + i for i in range(100)]))
     print(f"\nC12: {dict((k, dict(v)) for k, v in outcomes.items())}; final 100: {dict(codes)}, "
           f"p99 {np.percentile(latencies, 99) * 1e3:.0f} ms; expired {dispatcher.stats.expired_before_run}, "
-          f"late {dispatcher.stats.finished_late}")
+          f"late {dispatcher.stats.finished_late}; server messages {dict(expiries)}")
+    grew = {k: v - counted[k] for k, v in deadline_exceeded(srv, "slow").items()}
 
     assert codes == Counter(OK=100)
     assert np.percentile(latencies, 99) < 3.0  # two 200 ms batches ahead at most, plus overhead (and a loaded box)
     assert set(outcomes["deadline"]) <= {"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}
     assert outcomes["deadline"]["DEADLINE_EXCEEDED"] > 0
+    # Every DEADLINE_EXCEEDED is the server's (the gRPC deadline is 10 s), and the queue dropped some.
+    assert set(expiries) <= {"queue", "running", "admission"} and expiries["queue"] > 0, expiries
+    assert grew["before_run"] == expiries["queue"] + expiries["admission"], (grew, expiries)
+    assert grew["finished_late"] >= expiries["running"], (grew, expiries)
     assert set(outcomes["cancel"]) <= {"CANCELLED", "OK"} and outcomes["cancel"]["CANCELLED"] > 0
     assert set(outcomes["disconnect"]) <= {"CANCELLED", "OK"} and outcomes["disconnect"]["CANCELLED"] > 0
     assert set(outcomes["normal"]) == {"OK"}

@@ -11,7 +11,11 @@ paths share:
 * the served path: ``tiny`` (FP32 MLP) with 2 ONNX Runtime instances (2 sessions on 2 slot
   threads), 16 client threads sending 1000 random inputs of 1 to 8 rows (the case: 2000),
   every output compared with a reference run one request at a time on a separate ORT session
-  (max abs error 1e-5); no NaN or Inf, all OK, and both slots did run batches at the same time.
+  (max abs error 1e-5); no NaN or Inf, all OK, and both slots did run batches at the same time;
+* a request with more rows than ``max_batch_size``, split over both slots (the probe Python
+  model, 2 instances, max batch 4: 6 rows run as 4 + 2 at the same time, the piece with the
+  first rows held 3 s longer, so the piece with the last rows finishes first): the answer has
+  every row, in row order, and each row ran once.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import onnxruntime as ort
 import pytest
+from harness import logged_ids, probe, write_probe
 
 from trtserve.datatypes import DATATYPES
 from trtserve.runtimes.base import Batch, StagingBuffers, pack, unpack
@@ -107,3 +112,23 @@ def test_two_slots_under_16_threads_give_every_request_its_own_exact_answer(srv,
           f"max abs error {worst:.1e}, slots {sorted(slots_used)}, peak concurrent batches {peak}")
     assert worst <= 1e-5
     assert slots_used == {0, 1} and peak == 2
+
+
+def test_a_request_split_over_two_slots_is_gathered_in_row_order_when_its_last_rows_finish_first(
+        make_server, tmp_path):
+    # Row ids 1..6 (the probe reads the first value of a row as its id); id 1 holds its batch 3 s.
+    write_probe(tmp_path, "probe", max_batch_size=4, instances=2, fast_warmup="true", hang_on=1, hang_s=3)
+    srv = make_server(tmp_path)
+    x = np.repeat(np.arange(1, 7, dtype=np.float32)[:, None], 4, axis=1)
+    with srv.client() as c:
+        out = c.infer("probe", {"INPUT0": x}, timeout=60)["OUTPUT0"]
+    np.testing.assert_array_equal(out, x)  # every row, in row order
+    batches = sorted((start, end, ids) for slot in (0, 1) for start, end, ids in probe(srv, slot=slot).log)
+    print(f"\nsplit over two slots: {[(ids, round(end - batches[0][0], 2)) for _, end, ids in batches]}")
+    pieces = {tuple(sorted(ids)): (start, end) for start, end, ids in batches}
+    assert sorted(pieces) == [(1.0, 2.0, 3.0, 4.0), (5.0, 6.0)], pieces  # split at max_batch_size
+    assert sorted(logged_ids(probe(srv)) + logged_ids(probe(srv, slot=1))) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    (first_start, first_end), (last_start, last_end) = pieces[1.0, 2.0, 3.0, 4.0], pieces[5.0, 6.0]
+    assert len(probe(srv).log) == len(probe(srv, slot=1).log) == 1  # one piece on each slot
+    assert first_start < last_end and last_start < first_end  # side by side, on the two slots
+    assert last_end < first_end  # the last rows came back first

@@ -4,11 +4,13 @@ Probe model (``engines/slow``'s behaviour: each batch sleeps T = 2 s), one insta
 batching on (max batch 8). Its zero-filled warm-up batches skip the sleep, so the latency
 model starts out believing a batch is quick and admits the B requests into the queue: the
 path under test is "queued, then dropped", not "refused at the door". Client A starts a
-request with no deadline; 100 ms later B1..B10 each send one with a 500 ms gRPC deadline
-(tritonclient's ``client_timeout=0.5``). Each B gets DEADLINE_EXCEEDED at about 0.5 s; when
-A's batch finishes none of the B ids has run (the probe logs every row id it runs); the queue
-is empty; a fresh request returns OK. Not scaled. "At about 0.5 s" is a wall-clock claim: its
-own test, under the ``timing`` marker.
+request with no deadline; 100 ms later B1..B10 each send one with a 500 ms deadline, as the
+``timeout`` request parameter (the gRPC deadline is 30 s, so DEADLINE_EXCEEDED can only be the
+server's answer). Each B gets the dispatcher's DEADLINE_EXCEEDED ("... it was not run") at about
+0.5 s, counted in ``trtserve_deadline_exceeded_total{when="before_run"}``; when A's batch
+finishes none of the B ids has run (the probe logs every row id it runs); the queue is empty; a
+fresh request returns OK. Not scaled. "At about 0.5 s" is a wall-clock claim: its own test,
+under the ``timing`` marker.
 """
 
 from __future__ import annotations
@@ -19,26 +21,33 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from harness import logged_ids, probe, row, wait_for, write_probe
+from harness import (
+    EXPIRED_IN_QUEUE,
+    deadline_exceeded,
+    logged_ids,
+    probe,
+    row,
+    timed_call,
+    wait_for,
+    with_timeout,
+    write_probe,
+)
 
 from trtserve.client import build_request
 
 
 def expire_b_behind_a(make_server, tmp_path):
-    """The case's run; returns the B results as (code, seconds), whether the queue emptied
-    while A's batch was still running, and the probe's log of row ids."""
+    """The case's run; returns the B results as (code, details, seconds), whether the queue
+    emptied while A's batch was still running, the probe's log of row ids, and the growth of
+    the model's deadline counters."""
     write_probe(tmp_path, "slow", max_batch_size=8, batch_ms=2000, fast_warmup="true")
-    srv = make_server(tmp_path)
+    srv = make_server(tmp_path, metrics_port=0)
     served = srv.registry.get("slow")
     model = probe(srv, "slow")
+    counted = deadline_exceeded(srv, "slow")
 
     def b_call(c, i):
-        start = time.monotonic()
-        try:
-            c.stub.ModelInfer(build_request("slow", row(100 + i)), timeout=0.5)
-        except grpc.RpcError as exc:
-            return exc.code(), time.monotonic() - start
-        return grpc.StatusCode.OK, time.monotonic() - start
+        return timed_call(c.stub, with_timeout(build_request("slow", row(100 + i)), 0.5), 30)
 
     with srv.client() as c, ThreadPoolExecutor(11) as pool:
         a = pool.submit(c.infer, "slow", row(1))
@@ -54,14 +63,17 @@ def expire_b_behind_a(make_server, tmp_path):
         assert wait_for(lambda: len(served.dispatcher.queue) == 0 and served.dispatcher.idle_slots == 1, 5)
         fresh = c.infer("slow", row(7), timeout=10)
     np.testing.assert_array_equal(fresh["OUTPUT0"], row(7)["INPUT0"])
-    return results, emptied_while_a_ran, logged_ids(model)
+    after = deadline_exceeded(srv, "slow")
+    return results, emptied_while_a_ran, logged_ids(model), {k: after[k] - counted[k] for k in after}
 
 
 def test_deadline_passed_requests_are_dropped_from_the_queue(make_server, tmp_path):
-    results, emptied_while_a_ran, ran = expire_b_behind_a(make_server, tmp_path)
-    for code, elapsed in results:
-        assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    results, emptied_while_a_ran, ran, counted = expire_b_behind_a(make_server, tmp_path)
+    for code, details, elapsed in results:
+        # The server's own answer (the gRPC deadline is 30 s), from the queue: not run.
+        assert code == grpc.StatusCode.DEADLINE_EXCEEDED and EXPIRED_IN_QUEUE in details, (code, details)
         assert elapsed >= 0.4, elapsed  # not refused at the door: they waited in the queue
+    assert counted == {"before_run": 10, "finished_late": 0}
     assert emptied_while_a_ran
     assert ran == [1.0, 7.0]  # A and the fresh request; no B ever ran
 
@@ -69,8 +81,8 @@ def test_deadline_passed_requests_are_dropped_from_the_queue(make_server, tmp_pa
 @pytest.mark.timing
 def test_deadline_passed_requests_are_answered_at_their_deadline(make_server, tmp_path):
     """The wall-clock half of C04: each B is answered at about its 0.5 s deadline."""
-    results, _, _ = expire_b_behind_a(make_server, tmp_path)
-    assert all(0.4 <= elapsed <= 0.9 for _, elapsed in results), results
+    results, _, _, _ = expire_b_behind_a(make_server, tmp_path)
+    assert all(0.4 <= elapsed <= 0.9 for _, _, elapsed in results), results
 
 
 def test_an_unmeasured_long_row_is_not_refused_on_a_guess(make_server, tmp_path):

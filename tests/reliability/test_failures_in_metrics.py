@@ -10,8 +10,9 @@ per batch, a queue of 2). The client sends:
   with a ``timeout`` of 1 µs;
 * over one stream: 10 good messages and 5 with the wrong datatype;
 * to ``py``: 4 good requests and 3 that make it raise;
-* to ``q2``: 10 at once (one runs and is held at the gate; two queue; the other seven find the
-  queue full; then the gate opens);
+* to ``q2``: one runs and is held at the gate; one with a 1 s ``timeout`` parameter (and a
+  60 s gRPC deadline) queues behind it and is dropped from the queue at its deadline, never run;
+  then 9 at once (two queue; the other seven find the queue full; then the gate opens);
 * 42 requests to unknown model names, one with a quote and a newline, one of 300 characters.
 
 Then the deltas of ``trtserve_requests_total`` and ``trtserve_request_duration_seconds_count``
@@ -23,14 +24,25 @@ names add no label value; ``trtserve_inflight_requests`` is 0 at rest.
 from __future__ import annotations
 
 import socket
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
-from harness import error_code, gate_batches, raw_request, row, wait_for, write_gate, write_identity, write_probe
-from prometheus_client.parser import text_string_to_metric_families
+from harness import (
+    EXPIRED_IN_QUEUE,
+    error_code,
+    gate_batches,
+    raw_request,
+    row,
+    scrape,
+    timed_call,
+    wait_for,
+    with_timeout,
+    write_gate,
+    write_identity,
+    write_probe,
+)
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
@@ -45,15 +57,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-    }
 
 
 def series(metrics: dict, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -128,6 +131,9 @@ def test_every_failure_is_counted_once_under_its_model_and_code_in_metrics_and_s
         with ThreadPoolExecutor(10) as pool:
             held = pool.submit(unary, stub, build_request("q2", row(HELD_ID)))
             assert wait_for(lambda: gate_batches(log) == [[HELD_ID]], 30)
+            code, details, _ = timed_call(stub, with_timeout(build_request("q2", row(50.0)), 1.0), 60)
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED and EXPIRED_IN_QUEUE in details, (code, details)
+            seen["q2", code.name] += 1
             queued = [pool.submit(unary, stub, build_request("q2", row(float(i)))) for i in (1, 2)]
             depth = ("trtserve_queue_depth", (("model", "q2"), ("version", "1")))
             assert wait_for(lambda: scrape(port).get(depth) == 2, 30)
@@ -153,7 +159,8 @@ def test_every_failure_is_counted_once_under_its_model_and_code_in_metrics_and_s
     assert seen["identity_fp32", "OK"] == 20 and seen["identity_fp32", "INVALID_ARGUMENT"] == 10
     assert seen["identity_fp32", "DEADLINE_EXCEEDED"] == 3
     assert seen["py", "OK"] == 4 and sum(n for (m, c), n in seen.items() if m == "py" and c != "OK") == 3
-    assert seen["q2", "OK"] == 3 and seen["q2", "RESOURCE_EXHAUSTED"] == 7
+    assert seen["q2", "OK"] == 3 and seen["q2", "RESOURCE_EXHAUSTED"] == 7 and seen["q2", "DEADLINE_EXCEEDED"] == 1
+    assert 50.0 not in {i for batch in gate_batches(log) for i in batch}  # expired in the queue: never run
 
     # Prometheus: each request once, under its own model and code; unknown names share one label.
     counted = delta(after, before, "trtserve_requests_total")
@@ -165,15 +172,17 @@ def test_every_failure_is_counted_once_under_its_model_and_code_in_metrics_and_s
     assert delta(after, before, "trtserve_request_duration_seconds_count") == expected
     models_labelled = {dict(labels).get("model") for (_, labels) in after if dict(labels).get("model")}
     assert models_labelled <= {*MODELS, unknown}  # 42 odd names, no new label values
-    # The reasons: queue full, and expired before running (1 µs cannot fit any batch).
+    # The reasons: queue full, and expired before running (1 µs cannot fit any batch; the q2
+    # request's 1 s passed in the queue).
     def grew(name: str, **labels: str) -> float:
         key = tuple(sorted(labels.items()))
         return series(after, name).get(key, 0.0) - series(before, name).get(key, 0.0)
 
     assert grew("trtserve_rejected_total", model="q2", reason="queue_full") == 7
     assert grew("trtserve_deadline_exceeded_total", model="identity_fp32", when="before_run") == 3
+    assert grew("trtserve_deadline_exceeded_total", model="q2", when="before_run") == 1
     whens = ("before_run", "finished_late")
-    assert sum(grew("trtserve_deadline_exceeded_total", model=m, when=w) for m in MODELS for w in whens) == 3
+    assert sum(grew("trtserve_deadline_exceeded_total", model=m, when=w) for m in MODELS for w in whens) == 4
 
     # ModelStatistics: the same requests, success and fail.
     for model in MODELS:

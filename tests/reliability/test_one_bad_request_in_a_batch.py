@@ -10,8 +10,9 @@ the 18 MB request on a loaded machine) and exactly one of them is at fault:
 (b) it asks for an output with a ``classification`` parameter, which trtserve does not
     implement; that is known before batching, so it fails INVALID_ARGUMENT at admission and
     never joins the batch (as does an unknown output name);
-(c) its client goes away while the batch runs, just before the response is written (probe
-    model, 300 ms batch): nothing visible to the others, and the server records it CANCELLED.
+(c) its client goes away while the batch runs, before the response is written (the gate
+    model: the batch is held until the test has seen the server record the cancel): nothing
+    visible to the others, and the server records it CANCELLED.
 
 In every case the other 7 return OK with exactly their own values.
 """
@@ -19,13 +20,12 @@ In every case the other 7 return OK with exactly their own values.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
 import pytest
-from harness import wait_for, write_identity, write_probe
+from harness import gate_batches, wait_for, write_gate, write_identity
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request, parse_response
@@ -43,7 +43,7 @@ def srv(tmp_path_factory):
     # waits for a late one (an 18 MB request decoded on a loaded machine) and for the cases of 7.
     write_identity(root, "identity_fp32", "FP32", (-1,), dynamic="max_queue_delay_microseconds: 6000000",
                    parameters={"batching": "fixed"})
-    write_probe(root, "slowid", batch_ms=300, **window)
+    write_gate(root, "slowid", root / "slowid.log", root / "slowid.gate", max_batch_size=8, **window)
     with ServerThread(root, max_message_bytes=16 * MIB, max_receive_bytes=64 * MIB) as s:
         yield s
 
@@ -101,23 +101,26 @@ def test_b_an_output_request_trtserve_cannot_honour_fails_at_admission(srv, case
 
 
 def test_c_a_client_gone_before_its_answer_is_written_is_invisible_to_the_others(srv):
-    served = srv.registry.get("slowid")
-    model = served.backend.models[0]
-    model.log.clear()
+    log, gate = srv.root / "slowid.log", srv.root / "slowid.gate"
+    by_code = srv.core.requests.models
 
     def disconnecting(c, go):
         go.wait()
         doomed = build_request("slowid", {"INPUT0": np.full((1, 16), 99, np.float32)})
         future = c.stub.ModelInfer.future(doomed, timeout=30)
-        time.sleep(0.15)  # the 8th row fills the batch at once; it runs 300 ms
+        # The 8th row fills the batch at once; the gate holds it while the client goes away.
+        assert wait_for(lambda: any(99.0 in ids for ids in gate_batches(log)), 30)
         future.cancel()
+        # Outcomes reach the engine core's statistics over ZeroMQ, a moment after the cancel.
+        recorded = lambda: "slowid" in by_code and "CANCELLED" in by_code["slowid"].by_code  # noqa: E731
+        assert wait_for(recorded, 30), "the server never recorded the cancel while the batch was held"
+        gate.touch()
         return future.code(), None, ""
 
     code, _, _ = run_batch(srv, "slowid", None, after=disconnecting)
     assert code == grpc.StatusCode.CANCELLED
-    assert [len(ids) for _, _, ids in model.log] == [8] and 99.0 in model.log[0][2]  # it was in the batch
-    # Outcomes reach the engine core's statistics over ZeroMQ, a moment after the answers.
-    assert wait_for(lambda: "slowid" in srv.core.requests.models, 5)
-    by_code = srv.core.requests.models["slowid"].by_code
-    assert wait_for(lambda: sum(h.count for h in list(by_code.values())) == 8, 5)
-    assert by_code["OK"].count == 7 and set(by_code) == {"OK", "CANCELLED"}
+    batches = gate_batches(log)
+    assert [len(ids) for ids in batches] == [8] and 99.0 in batches[0]  # it was in the batch
+    codes = by_code["slowid"].by_code
+    assert wait_for(lambda: sum(h.count for h in list(codes.values())) == 8, 30)
+    assert codes["OK"].count == 7 and set(codes) == {"OK", "CANCELLED"}

@@ -2,12 +2,16 @@
 server that exits hard leaves no worker and no shared memory behind.
 
 The model (process isolation, one slot) echoes its input and returns its worker's process id; a
-row whose first value is -2 sleeps for an hour. The server owns the worker, so:
+row whose first value is -2 sleeps for an hour, one whose first value is -3 for 0.45 s. The server
+owns the worker, so:
 
 * a batch hung past the dispatcher's hang limit (max(20x predicted, 10 s): the real limit here)
   fails with INTERNAL naming the hang; the worker is killed and a new one started, so the model
-  serves again without an operator. A request queued behind the hung batch gets DEADLINE_EXCEEDED
-  at its own deadline. ModelReady is false while the slot is hung or its worker restarting (the
+  serves again without an operator. Deadlines are the ``timeout`` parameter (with far longer
+  gRPC deadlines, so that DEADLINE_EXCEEDED is the server's answer): a request in the hung batch
+  whose deadline comes first is answered DEADLINE_EXCEEDED while the batch still hangs (counted
+  as ``finished_late``), and one queued behind the batch is dropped from the queue at its own
+  deadline, never run (``before_run``). ModelReady is false while the slot is hung or its worker restarting (the
   model's setup takes 3 s, so a poll every 0.1 s sees it), then true again;
 * when the server ends on a second SIGTERM (``os._exit``) or is SIGKILLed while a worker is in the
   middle of a one-hour batch, the worker exits too, no shared memory segment it or the server
@@ -31,7 +35,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from harness import wait_for
+from harness import EXPIRED_IN_QUEUE, EXPIRED_WHILE_RUNNING, deadline_exceeded, wait_for, with_timeout
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request, parse_response
@@ -52,6 +56,8 @@ HANGY = """
             x = inputs["INPUT0"]
             if (x[:, 0] == -2).any():
                 time.sleep(3600)
+            if (x[:, 0] == -3).any():
+                time.sleep(0.45)
             return {"OUTPUT0": x, "PID": np.full((x.shape[0], 1), os.getpid(), np.int64)}
 """
 
@@ -76,11 +82,15 @@ def x(value: float) -> dict[str, np.ndarray]:
     return {"INPUT0": np.full((1, 4), value, np.float32)}
 
 
-def call(stub, value: float, timeout: float) -> tuple[grpc.StatusCode, object, float]:
-    """(code, outputs or details, seconds) of one request."""
+def call(stub, value: float, timeout: float, deadline: float | None = None) -> tuple[grpc.StatusCode, object, float]:
+    """(code, outputs or details, seconds) of one request with a gRPC deadline of ``timeout`` s
+    and, where given, a server-side one (``timeout`` parameter) of ``deadline`` s."""
     t0 = time.monotonic()
+    request = build_request("hangy", x(value))
+    if deadline is not None:
+        with_timeout(request, deadline)
     try:
-        response = stub.ModelInfer(build_request("hangy", x(value)), timeout=timeout)
+        response = stub.ModelInfer(request, timeout=timeout)
     except grpc.RpcError as exc:
         return exc.code(), exc.details() or "", time.monotonic() - t0
     return grpc.StatusCode.OK, parse_response(response), time.monotonic() - t0
@@ -103,7 +113,9 @@ def shm_mapped(pid: int) -> set[str]:
 
 
 def test_c28_a_worker_hung_past_the_hang_limit_is_killed_and_replaced(make_server, tmp_path):
-    srv = make_server(write_hangy(tmp_path, setup_s=3.0))
+    srv = make_server(write_hangy(tmp_path, setup_s=3.0), metrics_port=0)
+    dispatcher = srv.registry.get("hangy").dispatcher
+    counted = deadline_exceeded(srv, "hangy")
     readiness: list[tuple[float, bool]] = []
     stop = threading.Event()
 
@@ -113,17 +125,26 @@ def test_c28_a_worker_hung_past_the_hang_limit_is_killed_and_replaced(make_serve
                 readiness.append((time.monotonic(), c.is_ready("hangy")))
                 time.sleep(0.1)
 
-    with srv.client() as c, ThreadPoolExecutor(3) as pool:
+    with srv.client() as c, ThreadPoolExecutor(4) as pool:
         code, out, _ = call(c.stub, 1.0, 30)
         assert code == grpc.StatusCode.OK, out
         first = int(out["PID"][0, 0])
         poller = pool.submit(poll_ready)
+        # The slot is busy for 0.45 s, so that the next two requests queue and share one batch.
+        busy = pool.submit(call, c.stub, -3.0, 30)
+        assert wait_for(lambda: dispatcher.idle_slots == 0, 30)
         t0 = time.monotonic()
         # A caller that waits longer than the hang limit sees its hung batch fail, by name.
         hung = pool.submit(call, c.stub, -2.0, 45)
-        time.sleep(0.5)
-        queued = call(c.stub, 3.0, 2)  # behind the hung batch: answered at its own deadline
-        assert queued[0] == grpc.StatusCode.DEADLINE_EXCEEDED, queued
+        # One in the same batch with a 3 s deadline: answered while the batch still hangs.
+        leaving = pool.submit(call, c.stub, -2.0, 45, 3.0)
+        assert busy.result()[0] == grpc.StatusCode.OK
+        assert wait_for(lambda: dispatcher.idle_slots == 0 and not dispatcher.queue.entries, 30)
+        queued = call(c.stub, 3.0, 30, 2.0)  # behind the hung batch: dropped at its own deadline
+        assert queued[0] == grpc.StatusCode.DEADLINE_EXCEEDED and EXPIRED_IN_QUEUE in queued[1], queued
+        left = leaving.result()
+        assert left[0] == grpc.StatusCode.DEADLINE_EXCEEDED and EXPIRED_WHILE_RUNNING in left[1], left
+        assert not hung.done(), "the hung batch ended before its deadline-bound caller was answered"
         code, details, elapsed = hung.result()
         assert code == grpc.StatusCode.INTERNAL, (code, details, elapsed)
         assert "past the hang limit" in details and "killed" in details and "restarted" in details, details
@@ -137,6 +158,8 @@ def test_c28_a_worker_hung_past_the_hang_limit_is_killed_and_replaced(make_serve
         stop.set()
         poller.result()
     assert second != first and gone(first)
+    grew = {k: v - counted[k] for k, v in deadline_exceeded(srv, "hangy").items()}
+    assert grew == {"before_run": 1, "finished_late": 1}, grew
     not_ready = [t - t0 for t, ready in readiness if not ready and t >= t0]
     assert not_ready, "ModelReady never turned false while the worker hung or restarted"
     print(f"\nC28 hang: INTERNAL after {elapsed:.1f} s; ModelReady false from {min(not_ready):.1f} s "

@@ -568,8 +568,10 @@ PROGRESS = [
 
 @pytest.mark.parametrize("r", PROGRESS)
 def test_with_a_free_slot_a_decision_runs_a_batch_or_waits_for_a_later_time(r: Row) -> None:
+    """Rows queued and a slot free: the decision runs a batch, or names a later time to look
+    again. No wake time (``None``: wait for the next arrival) would stall the queued rows."""
     d, _ = run(r)
-    assert d.batch or d.wake_at is None or d.wake_at > r.inputs.now, d
+    assert d.batch or (d.wake_at is not None and d.wake_at > r.inputs.now), d
 
 
 # -- margin ----------------------------------------------------------------------------------------

@@ -616,3 +616,14 @@ def test_a_rest_request_answered_through_the_codec_comes_back_to_the_client(spec
     assert doc["id"] == "e2e" and [o["name"] for o in doc["outputs"]] == ["OS", "OF"]
     assert doc["outputs"][0]["data"] == ["ab!", "c!"]
     assert arrays["OF"].tolist() == [[[2, 4, 6], [8, 10, 12]]]
+
+
+@pytest.mark.parametrize("where, doc, field", [
+    ("the request", {**one_input(), "input": [1]}, "input"),  # a typo of "inputs"
+    ("input 'F'", one_input(contents=[1]), "contents"),
+    ("output 'O'", {**one_input(), "outputs": [{"name": "O", "binary": True}]}, "binary"),
+])
+def test_a_field_the_protocol_does_not_define_is_refused_naming_it(where, doc, field):
+    message = refusal(doc)
+    assert message.startswith(f"{where} has the field '{field}'"), message
+    assert "does not define" in message

@@ -283,7 +283,8 @@ def test_with_platform_switches_only_the_platform_line():
 
 
 def test_fp16_conversion_keeps_fp32_io_and_stays_within_1e_2(engines, tmp_path):
-    pytest.importorskip("onnxconverter_common")
+    pytest.importorskip("onnxconverter_common", reason="onnxconverter-common is not installed: it comes with the "
+                        "export extra (pip install -e '.[export]'; `make setup` installs it)")
     import onnxruntime as ort
 
     from trtserve.tools.build import onnx_io

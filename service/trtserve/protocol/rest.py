@@ -108,6 +108,7 @@ def parse_infer(body: bytes, header_length: int | None, model: str, version: str
         raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidRequest(f"the request body must be a JSON object, got {type(doc).__name__}")
+    _only(doc, _REQUEST_FIELDS, "the request")
     request = pb.ModelInferRequest(model_name=model, model_version=version, id=_string(doc, "id", ""))
     params = _object(doc, "parameters", "request")
     binary_default = _flag(params.pop(_BINARY_OUTPUT, False), _BINARY_OUTPUT)
@@ -130,12 +131,31 @@ def parse_infer(body: bytes, header_length: int | None, model: str, version: str
     for item in outputs:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidRequest("each requested output must be an object with a string 'name'")
+        _only(item, _OUTPUT_FIELDS, f"output '{item['name']}'")
         out = request.outputs.add(name=item["name"])
         out_params = _object(item, "parameters", f"output '{item['name']}'")
         if _BINARY in out_params:
             binary_outputs[item["name"]] = _flag(out_params.pop(_BINARY), f"output '{item['name']}' {_BINARY}")
         _set_parameters(out.parameters, out_params, f"output '{item['name']}'")
     return RestInfer(request, binary_outputs, binary_default)
+
+
+_REQUEST_FIELDS = ("id", "parameters", "inputs", "outputs")
+_INPUT_FIELDS = ("name", "shape", "datatype", "parameters", "data")
+_OUTPUT_FIELDS = ("name", "parameters")
+
+
+def _only(obj: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
+    """Refuse a field of ``obj`` the protocol does not define there (a typo such as ``input``
+    for ``inputs`` would otherwise be ignored).
+
+    Raises:
+        InvalidRequest (HTTP 400): naming the field and those ``where`` takes.
+    """
+    unknown = [key for key in obj if key not in fields]
+    if unknown:
+        raise InvalidRequest(f"{where} has the field '{unknown[0]}', which the KServe v2 infer request does not "
+                             f"define there (it takes {', '.join(fields)})")
 
 
 def _add_input(request: pb.ModelInferRequest, raw: list[bytes], item: Any, index: int, body: bytes,
@@ -146,6 +166,7 @@ def _add_input(request: pb.ModelInferRequest, raw: list[bytes], item: Any, index
     shape = item.get("shape")
     if not isinstance(name, str):
         raise InvalidRequest(f"input {index} has no string 'name'")
+    _only(item, _INPUT_FIELDS, f"input '{name}'")
     if not isinstance(datatype, str):
         raise InvalidRequest(f"input '{name}' has no string 'datatype'")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
