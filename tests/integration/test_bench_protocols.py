@@ -28,7 +28,8 @@ def test_the_unary_sweep_runs_over_each_door_asked_for(engines, tmp_path, capsys
     assert bench.run(args) == 0
     out = capsys.readouterr().out
     report = json.loads((tmp_path / "bench.json").read_text())
-    points = report["points"]
+    points = [p for p in report["points"] if p["server"] == "trtserve"]
+    floor = [p for p in report["points"] if p["server"] == "null"]
     http = [p for p in points if p["mode"] == "closed-http"]
     assert [p["load"] for p in http] == [4, 64]
     for p in http:
@@ -47,6 +48,17 @@ def test_the_unary_sweep_runs_over_each_door_asked_for(engines, tmp_path, capsys
         assert targets[CPU_TARGET] in ("PASS", "MISS")
         assert "trtserve  grpc  c=64" in out
     assert targets[PEAK_TARGET] == "SKIP"  # no --peer
+    # The null server ran the same sweep over the same doors, every call answered, and the
+    # floor targets set trtserve's CPU per call against it.
+    assert sorted((p["mode"], p["load"]) for p in floor) == sorted((p["mode"], p["load"]) for p in points
+                                                                    if p["mode"] != "closed-1conn")
+    assert all(p["requests"] > 0 and p["ok"] == p["requests"] and p["server_cpu_us_per_request"] > 0 for p in floor)
+    http_floor = ("tiny at 64 callers over HTTP: server CPU per call <= 1.3 x the null server's (same run, whole "
+                  "process tree)")
+    grpc_floor = http_floor.replace("HTTP", "gRPC")
+    assert targets[http_floor] in ("PASS", "MISS")
+    assert targets[grpc_floor] == "SKIP" if protocol == "http" else targets[grpc_floor] in ("PASS", "MISS")
+    assert "null      http  c=64" in out
     assert "tiny · closed-unary by door" in out and "trtserve  http  c=64" in out
     assert f"  {targets[CPU_TARGET]}  {CPU_TARGET}: " in out
 

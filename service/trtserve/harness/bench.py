@@ -43,7 +43,10 @@ Unary gRPC calls are spread over ``--connections`` client connections (gRPC chan
 requests. Over HTTP (``benchlib.httpclient``: aiohttp, bodies built before the clock as
 ``tritonclient.http`` sends them by default, binary tensor extension in and out) each caller
 holds one kept-alive connection, since HTTP/1.1 carries one request at a time on a
-connection. With ``--peer triton``, trtserve is then stopped and NVIDIA PyTriton
+connection. Then, unless ``--no-floor``, the null server (``benchlib.null_server``: grpcio and
+uvicorn answering each parsed request with a canned reply) runs the same closed-loop unary
+sweep over the same doors: the transport's floor, which trtserve's server CPU per call is set
+against (``benchlib.floor``). With ``--peer triton``, trtserve is then stopped and NVIDIA PyTriton
 (``benchlib.peer``; its own venv under ``OUT/triton``, made once) serves the same model
 files with Triton's dynamic batcher; the same load generators run the closed-loop unary
 sweep against it over the same doors, a comparison table gives the trtserve/Triton ratios
@@ -95,10 +98,12 @@ from trtserve.harness.benchlib.embeddings import (
     format_embeddings_table,
     trtserve_points,
 )
+from trtserve.harness.benchlib.floor import floor_targets
 from trtserve.harness.benchlib.goclient import LOADGEN, GoLoadgen, unavailable_reason
 from trtserve.harness.benchlib.httpclient import RestClient
 from trtserve.harness.benchlib.infinity import infinity_points
 from trtserve.harness.benchlib.load import LoadGenerator, open_channels
+from trtserve.harness.benchlib.null_server import null_server
 from trtserve.harness.benchlib.overload import (
     MIXED_MODE,
     OVERLOAD_MODE,
@@ -129,6 +134,7 @@ from trtserve.harness.benchlib.protocols import (
 )
 from trtserve.harness.benchlib.raw import measure_raw
 from trtserve.harness.benchlib.report import (
+    FLOOR,
     MODES,
     SERVER,
     Point,
@@ -249,6 +255,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also drive these servers on the same model, same run, one at a time, comma-separated: 'triton' "
              "(NVIDIA PyTriton from PyPI, installed once into OUT/triton/venv; the closed-loop unary sweep), "
              "'infinity' (infinity-emb from PyPI, installed once into OUT/infinity/venv; the embeddings mode)")
+    add("--floor", action=argparse.BooleanOptionalAction, default=True,
+        help="also drive the null server (grpcio and uvicorn answering each parsed request with a canned reply: "
+             "the transport's floor) with the closed-loop unary sweep over the same doors, after trtserve "
+             "(default: on; --no-floor to skip)")
     add("--frontends", help="passed to 'trtserve serve --frontends' (default: the server's own default)")
     add("--client", choices=CLIENTS, default="auto",
         help="open-loop unary client (open sweep, overload, mixed): 'go' (clients/go/build/loadgen, built by "
@@ -291,6 +301,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"server under test: pid {server.pid} at {server.url}{http}", flush=True)
         raws, points = asyncio.run(_bench(args, workloads, server, rng, use_go))
         embedding_points = trtserve_points(args, server, texts) if embeddings else []
+    if args.floor and SWEEP_MODE in args.modes:
+        with null_server() as floor:
+            print(f"null server (the transport's floor): pid {floor.pid} at {floor.url}, HTTP at {floor.http_url}",
+                  flush=True)
+            points += asyncio.run(_peer_sweep(args, workloads, raws, floor, FLOOR))
     if "triton" in args.peer:
         try:
             peer = triton_peer(args.out / "triton", [w.spec for w in workloads.values()])
@@ -299,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         with peer:
             http = f", HTTP at {peer.http_url}" if peer.http_url else ""
             print(f"peer triton: pid {peer.pid} at {peer.url}{http}", flush=True)
-            points += asyncio.run(_peer_sweep(args, workloads, raws, peer))
+            points += asyncio.run(_peer_sweep(args, workloads, raws, peer, "triton"))
     if "infinity" in args.peer:
         embedding_points += infinity_points(args, [w.spec for w in workloads.values()], texts)
 
@@ -312,6 +327,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_mixed_table(points))
     print(format_embeddings_table(embedding_points))
     targets = (check_targets(points, raws) + anchor_targets(points, raws) + protocol_targets(points)
+               + floor_targets(points)
                + policy_targets(points) + overload_targets(points) + mixed_targets(points)
                + embeddings_targets(embedding_points))
     print("targets:")
@@ -430,9 +446,11 @@ async def _unary_sweeps(
 
 async def _peer_sweep(
     args: argparse.Namespace, workloads: dict[str, Workload], raws: dict[str, RawReference], peer: ChildServer,
+    name: str,
 ) -> list[Point]:
-    """The closed-loop unary sweep against the peer over the same doors, as many gRPC
-    connections as trtserve had; its ratios use the raw references measured beside trtserve."""
+    """The closed-loop unary sweep against the peer (or the null server) called ``name`` over
+    the same doors, as many gRPC connections as trtserve had; its ratios use the raw references
+    measured beside trtserve."""
     points: list[Point] = []
     channels = open_channels(peer.url, args.connections, CHANNEL_OPTIONS)
     try:
@@ -440,9 +458,9 @@ async def _peer_sweep(
         for model, workload in workloads.items():
             if not await gen.model_ready(model):
                 raise SystemExit(f"model '{model}' is not ready on the peer:\n" + "".join(peer.output))
-            async for point in _unary_sweeps(args, gen, peer, workload, raws[model], name="triton"):
+            async for point in _unary_sweeps(args, gen, peer, workload, raws[model], name=name):
                 points.append(point)
-                print(f"{model:8} {'triton ' + point.mode:13} {format_row(point)}", flush=True)
+                print(f"{model:8} {name + ' ' + point.mode:13} {format_row(point)}", flush=True)
     finally:
         for c in channels:
             await c.close()

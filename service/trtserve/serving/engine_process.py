@@ -32,7 +32,7 @@ def engine_main(config: ServeConfig, address: str, conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logs.configure(config.log_level, config.log_format, config.log_requests)
-    __import__('os').environ.get('XUV') and __import__('uvloop').install(); asyncio.run(_engine(config, address, conn))
+    asyncio.run(_engine(config, address, conn))
 
 
 def make_core(config: ServeConfig, address: str | None) -> EngineCore:

@@ -27,7 +27,7 @@ def frontend_main(config: ServeConfig, address: str, port: int, http_socket: soc
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides what a Ctrl-C means
     logs.configure(config.log_level, config.log_format, config.log_requests)
-    __import__('os').environ.get('XUV') and __import__('uvloop').install(); asyncio.run(_frontend(config, address, port, http_socket, index, conn))
+    asyncio.run(_frontend(config, address, port, http_socket, index, conn))
 
 
 async def _frontend(config: ServeConfig, address: str, port: int, http_socket: socket.socket | None, index: int,

@@ -300,7 +300,7 @@ def serve(config: ServeConfig) -> int:
         if config.frontends == 1:
             from trtserve.serving.inprocess import serve_in_process
 
-            __import__('os').environ.get('XUV') and __import__('uvloop').install(); return asyncio.run(serve_in_process(config))
+            return asyncio.run(serve_in_process(config))
         try:
             return Supervisor(config).run()
         except SystemExit as exc:

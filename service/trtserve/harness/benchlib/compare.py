@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from trtserve.harness.benchlib.report import SEQUENTIAL_SLACK_MS, SERVER, Point, RawReference, Target, fmt
+from trtserve.harness.benchlib.report import FLOOR, SEQUENTIAL_SLACK_MS, SERVER, Point, RawReference, Target, fmt
 
 SWEEP_MODE = "closed-unary"
 """The sweep run against every server."""
@@ -71,8 +71,8 @@ def _sweep(points: Sequence[Point], model: str, server: str, mode: str = SWEEP_M
 
 
 def peer_names(points: Sequence[Point]) -> list[str]:
-    """The peers that have points, in order of appearance."""
-    return list(dict.fromkeys(p.server for p in points if p.server != SERVER))
+    """The peers that have points, in order of appearance (the null server is no peer)."""
+    return list(dict.fromkeys(p.server for p in points if p.server not in (SERVER, FLOOR)))
 
 
 def comparison_rows(points: Sequence[Point], model: str, peer: str | None) -> list[Row]:

@@ -10,8 +10,9 @@ One process, one asyncio loop (as ``trtserve serve --frontends 1``), on 127.0.0.
 * gRPC (``grpc.aio``, trtserve's own channel options): ``ModelInfer`` parses the
   ``ModelInferRequest`` (protobuf's C++ parser, as trtserve's service does) and answers a
   ``ModelInferResponse`` whose outputs are the request's inputs (so the answer is as large as
-  the question); ``ModelReady`` answers ready for every name; ``ModelStatistics`` answers empty
-  (the bench then reports no batch size for the floor). Anything else: UNIMPLEMENTED.
+  the question); ``ModelReady`` answers ready for every name; ``ModelStatistics`` answers
+  every count 0 (the bench then reports no batch size for the floor). Anything else:
+  UNIMPLEMENTED.
 * HTTP (uvicorn with httptools, set up by trtserve's own
   :func:`~trtserve.frontend.http.server.serve_asgi`): ``POST /v2/models/<m>/infer`` reads
   the whole body, parses its JSON header (the first ``Inference-Header-Content-Length``
@@ -60,7 +61,9 @@ async def _model_ready(request: pb.ModelReadyRequest, context: grpc.aio.Servicer
 
 async def _model_statistics(request: pb.ModelStatisticsRequest,
                             context: grpc.aio.ServicerContext) -> pb.ModelStatisticsResponse:
-    return pb.ModelStatisticsResponse()
+    response = pb.ModelStatisticsResponse()
+    response.model_stats.add(name=request.name, version=request.version)  # no count: it runs no model
+    return response
 
 
 def _handler() -> grpc.GenericRpcHandler:

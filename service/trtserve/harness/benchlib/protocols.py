@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trtserve.harness.benchlib.compare import SWEEP_MODE, peer_names, quotient
-from trtserve.harness.benchlib.report import SERVER, Point, Target, fmt, format_header, format_row
+from trtserve.harness.benchlib.report import FLOOR, SERVER, Point, Target, fmt, format_header, format_row
 
 GRPC, HTTP = "grpc", "http"
 PROTOCOLS = (GRPC, HTTP)
@@ -56,7 +56,7 @@ def format_protocol_table(points: Sequence[Point]) -> str:
     :func:`~.report.format_row` lines labelled server and door), then per caller count
     trtserve's HTTP/gRPC ratios of server CPU, client CPU and rows/s. Empty without HTTP points."""
     out: list[str] = []
-    servers = [SERVER, *peer_names(points)]
+    servers = [SERVER, *peer_names(points), *({p.server for p in points} & {FLOOR})]
     for model in dict.fromkeys(p.model for p in points if p.mode == HTTP_MODE):
         out.append(f"\n{model} · closed-unary by door (gRPC over the run's connections; HTTP: KServe v2 REST, "
                    "binary tensors, one kept-alive connection per caller)")

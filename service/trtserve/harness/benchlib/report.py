@@ -24,6 +24,8 @@ deadline), over unary ModelInfer or one ModelStreamInfer stream."""
 PERCENTILES = (50, 90, 99)
 SERVER = "trtserve"
 """``Point.server`` of the server under test (a peer's points carry the peer's name)."""
+FLOOR = "null"
+"""``Point.server`` of the null server (:mod:`.null_server`): the transport's floor, not a peer."""
 
 SATURATION_MODEL = "minilm"
 SATURATION_RATIO = 0.90
