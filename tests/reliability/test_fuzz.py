@@ -232,6 +232,11 @@ MUTATIONS = {
     # a deadline no run can meet: the server's DEADLINE_EXCEEDED (the gRPC deadline is 20 s)
     "short timeout": "DEADLINE_EXCEEDED",
 }
+# The mutations drawn, each once, the two whose status nothing else gives three times: each
+# applies to few requests, and at one in ~30 draws the seeded sample reached DEADLINE_EXCEEDED
+# 6 times in 1000 run alone and none in the full suite (hypothesis mixes constants from the loaded
+# modules into its draws, so the sample differs with what else the session imported).
+DRAWN = sorted(MUTATIONS) + ["short timeout", "classification"] * 2
 
 
 # At most one mutation of each group per request. Two changes of the element count or the data
@@ -331,7 +336,7 @@ def mutated(draw):
     raws = [raw] if raw is not None else []
     real_type = MODELS[model][1]
     applied: list[str] = []
-    for mutation in draw(st.lists(st.sampled_from(sorted(MUTATIONS)), max_size=3, unique=True)):
+    for mutation in draw(st.lists(st.sampled_from(DRAWN), max_size=3, unique=True)):
         t = request.inputs[0] if request.inputs else None
         bytes_raw = raws and t is not None and t.datatype == "BYTES"
         if any(mutation in group and group & set(applied) for group in EXCLUSIVE):
