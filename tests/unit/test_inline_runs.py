@@ -21,8 +21,8 @@ TINY = Path(__file__).resolve().parents[2] / "engines" / "tiny" / "1" / "model.o
 class ThreadRecordingBackend(OnnxRuntimeBackend):
     """The real backend; each run also records the name of the thread it ran on."""
 
-    def __init__(self) -> None:
-        super().__init__(TINY)
+    def __init__(self, slots: int = 1) -> None:
+        super().__init__(TINY, slots=slots)
         self.threads: list[str] = []
 
     def run_inline(self, slot: int, batch: Batch):
@@ -71,3 +71,14 @@ async def test_a_batch_predicted_longer_than_the_bound_or_not_predicted_goes_to_
             await d.aclose()
             await backend.aclose()
         assert backend.threads == ["ort-slot0_0"], seconds_per_batch
+
+
+async def test_a_model_with_two_slots_runs_every_batch_on_a_slot_thread():
+    backend = ThreadRecordingBackend(slots=2)
+    d = _dispatcher(backend, INLINE_RUN_S / 10)
+    try:
+        await _one(d, np.zeros((3, 64), np.float32))
+    finally:
+        await d.aclose()
+        await backend.aclose()
+    assert backend.threads[0].startswith("ort-slot"), backend.threads  # two instances: meant to run at once

@@ -50,8 +50,9 @@ itself where the backend can (:class:`~trtserve.runtimes.base.RunsInline`): hand
 the slot's thread and back (an executor job, the cross-thread wake-up of the loop, a future and
 a task) costs about 0.1 ms of CPU here, as much as such a run, and a run measured through the
 thread includes that hand-off's wall time (so the bound sits above it). The loop is held no
-longer than the run. A batch predicted longer, or any before the latency model has measured
-one, goes to the slot's thread."""
+longer than the run. A batch predicted longer, any before the latency model has measured one, and
+every batch of a model with several slots (whose batches are meant to run at the same time) goes
+to a slot's thread."""
 
 
 class Dispatcher:
@@ -329,7 +330,8 @@ class Dispatcher:
         self._ends.started(slot, now, self.latency.lower_bound(rows, length))
         for piece in pieces:
             self._inflight[piece.entry] = None
-        if predicted <= INLINE_RUN_S and self.latency.measured and isinstance(self.backend, RunsInline):
+        if (predicted <= INLINE_RUN_S and self.latency.measured and self.backend.slots == 1
+                and isinstance(self.backend, RunsInline)):
             self._run_inline(slot, pieces, cpu_mark)
             return
         task = asyncio.get_running_loop().create_task(self._run(slot, pieces))
