@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import socket
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from integration.helpers import scrape
 from trtserve.tools.child_server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,13 +33,6 @@ def stats_server(tmp_path_factory):
         yield server.url, port
 
 
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-    }
 
 
 def test_statistics_count_a_known_workload_and_match_the_metrics(stats_server):

@@ -17,14 +17,13 @@ from __future__ import annotations
 import os
 import textwrap
 import time
-import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
+from integration.helpers import scrape
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.tools.testmodels import config_text, identity, write_model
 
@@ -298,14 +297,6 @@ def timed_call(stub, request: pb.ModelInferRequest, timeout: float = 60.0):
     return grpc.StatusCode.OK, response, time.monotonic() - t0
 
 
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample on the Prometheus endpoint at ``port``: (name, sorted labels) -> value."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def deadline_exceeded(srv, model: str) -> dict[str, float]:
