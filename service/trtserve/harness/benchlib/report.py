@@ -370,7 +370,7 @@ def check_targets(points: Sequence[Point], raws: Mapping[str, RawReference]) -> 
 
     opened = sorted({(p.model, p.mode) for p in points if p.mode.startswith("open")})
     for model, mode in opened:
-        name = (f"{model} {mode} at {OPEN_FRACTION:.0%} capacity, 4x batch-of-one deadline: "
+        name = (f"{model} {mode} at {OPEN_FRACTION:.0%} capacity, 4x batch-of-one deadline (at least 5 ms): "
                 f"misses <= {MAX_MISS_FRACTION:.0%}")
         p = _pick(points, model, mode, fraction=OPEN_FRACTION)
         if p is None or not p.requests:

@@ -89,7 +89,7 @@ async def mode_points(
         return
 
     capacity = await find_capacity(args, gen, workload, raw, transport, done)
-    timeout_us = max(1, round(args.deadline_factor * raw.batch1_ms * 1000))
+    timeout_us = deadline_us(raw.batch1_ms, args.deadline_factor)  # at least 5 ms, as the overload mode's
     for fraction in args.rates:
         rate = fraction * capacity
         arrivals = poisson_arrivals(rate, args.warmup + args.duration + SCHEDULE_SLACK_S, rng)
