@@ -3,8 +3,8 @@
 same callers, same run, per door. No clock, no I/O.
 
 The ratio is the share of a call's CPU that trtserve's own code adds to the transport's; the
-targets are issue 25's: at most :data:`FLOOR_RATIO` × on each door for the small model, and a
-stream message at most :data:`STREAM_RATIO` × a unary call.
+targets: at most :data:`FLOOR_RATIO` × on each door for the small model, and a stream message
+at most :data:`STREAM_RATIO` × a unary call.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ One process, one asyncio loop (as ``trtserve serve --frontends 1``), on 127.0.0.
 
 So the figures are what grpcio and uvicorn themselves cost per call on this machine, with a
 parse of the request and no model: trtserve's server CPU per call divided by the floor's is
-the share its own code adds (the ratio issue 25's targets are set in). Prints
+the share its own code adds (:mod:`.floor` sets its targets in that ratio). Prints
 ``HTTP on 127.0.0.1:PORT`` and then ``listening on 127.0.0.1:PORT`` (the lines
 :class:`~trtserve.tools.child_server.ChildServer` reads); stops on SIGTERM or SIGINT.
 """
