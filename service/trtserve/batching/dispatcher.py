@@ -86,6 +86,8 @@ class Dispatcher:
         host: HostMeter | None = None,
     ) -> None:
         self.backend = backend
+        # Whether short batches may run on the loop (INLINE_RUN_S): decided once, not per batch.
+        self._inline = isinstance(backend, RunsInline) and backend.slots == 1
         self.policy = policy
         self.clock = clock or MonotonicClock()
         self.latency = latency or LatencyModel()
@@ -330,8 +332,7 @@ class Dispatcher:
         self._ends.started(slot, now, self.latency.lower_bound(rows, length))
         for piece in pieces:
             self._inflight[piece.entry] = None
-        if (predicted <= INLINE_RUN_S and self.latency.measured and self.backend.slots == 1
-                and isinstance(self.backend, RunsInline)):
+        if self._inline and predicted <= INLINE_RUN_S and self.latency.measured:
             self._run_inline(slot, pieces, cpu_mark)
             return
         task = asyncio.get_running_loop().create_task(self._run(slot, pieces))
