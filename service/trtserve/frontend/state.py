@@ -108,8 +108,9 @@ class FrontendState:
         limit = await self.engine.inflight_bound()
         if limit != self.inflight.limit or not self._bound_logged:
             if limit is None:
-                log.info("front end: no bound on requests in progress (a model admits requests without a deadline "
-                         "into an unbounded queue: set default_timeout or max_queue_size, or --max-inflight-rpcs)")
+                log.info("front end: no bound on requests in progress, as --max-inflight-rpcs auto gives while a model "
+                         "has neither default_timeout nor max_queue_size (set one of them, or --max-inflight-rpcs N, "
+                         "to bound it)")
             else:
                 log.info("front end: at most %d requests in progress (the models' measured capacity x longest "
                          "default timeout, or their queue sizes, plus a batch per slot)", limit)
