@@ -62,6 +62,38 @@ def test_lower_bound_sits_at_the_fast_end_and_survives_a_slow_spell():
     assert 0.026 < model.lower_bound(1) < 0.030
 
 
+def test_a_bucket_first_measured_in_a_slow_spell_is_bounded_by_the_others():
+    """The warm-up measures one length; traffic brings the others one batch at a time. One
+    slow first batch at a new length (or a new row bucket) must not make every later request
+    of that length look hopeless: refused requests are never measured, so the server would
+    refuse them for good (seen: 74 ms for one row of 17-32 tokens, beside 19 ms at 9-16)."""
+    model = LatencyModel()
+    for rows in (1, 2, 4, 8, 16):  # the warm-up's length
+        model.observe(rows, 0.008 + 0.004 * rows, length=16)
+    model.observe(1, 0.074, length=32)  # one batch, in a busy moment
+    assert model.lower_bound(1, 32) == pytest.approx(2 * 0.012)  # no more than in proportion to length
+    model.observe(1, 0.060, length=8)
+    assert model.lower_bound(1, 8) == pytest.approx(0.012)  # a shorter row is no slower
+    model.observe(4, 0.030, length=64)
+    model.observe(1, 0.200, length=64)
+    assert model.lower_bound(1, 64) == pytest.approx(0.030)  # one row is no slower than four
+    assert model.predict(1, 32) == pytest.approx(0.074)  # waits still read the cautious mean
+
+
+async def test_requests_of_a_length_first_measured_slow_are_still_admitted():
+    clock = FakeClock()
+    backend = FakeBackend(clock, latency=lambda r: 0.010)
+    latency = LatencyModel()
+    latency.observe(1, 0.010, length=16)
+    latency.observe(1, 0.074, length=32)
+    d = Dispatcher(backend, BatchingPolicy(max_batch_size=4), clock=clock, latency=latency)
+    d.start()
+    future = d.submit(rows(1, length=32), deadline=clock.now() + 0.060)
+    await clock.advance(0.010)
+    assert future.done() and not future.exception()
+    assert latency.predict(1, 32) < 0.074  # it ran, so its length is measured again
+
+
 def test_on_a_noiseless_engine_the_low_estimate_is_the_curve():
     """Rows vary within each bucket, so centroids move; the low estimate moves with them and
     never drifts below the curve (else rows would be batched that then finish late)."""

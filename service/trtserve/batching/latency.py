@@ -112,8 +112,26 @@ class LatencyModel:
         Refusing or expiring a request on a guess would turn a long row that the warm-up never
         measured (run time mostly fixed overhead, far from proportional to length), or a row
         arriving after a few slow batches, into a false DEADLINE_EXCEEDED; decisions that only
-        *refuse* use this, decisions that wait use the cautious :meth:`predict`."""
-        return self._estimate(rows, length, LOW, scale_up=False)
+        *refuse* use this, decisions that wait use the cautious :meth:`predict`.
+
+        It is also held consistent with the other measurements, since run time grows with rows
+        and with length, and with length no faster than in proportion (a fixed part plus a part
+        per element): it is at most the low estimate of any measured batch of more rows at the
+        same length, of the same rows at any longer length, and of the same rows at a shorter
+        length times the ratio of the lengths. So a length bucket or row bucket first measured
+        in a slow spell (the warm-up measures one length; traffic brings the others, one batch
+        at a time) cannot refuse its requests for good: a refused request is never measured,
+        so its bucket would never be measured again."""
+        estimate = self._estimate(rows, length, LOW, scale_up=False)
+        lb = bucket(length)
+        points = self._points.get(lb)
+        if points is not None:
+            estimate = min([estimate, *(p[LOW] for p in points if p[0] >= rows)])
+        for other in self._lengths:
+            if other != lb:
+                at = _interpolate(self._points[other], max(rows, 1), LOW)
+                estimate = min(estimate, at if other > lb else at * lb / other)
+        return estimate
 
     def _estimate(self, rows: int, length: int, column: int, *, scale_up: bool) -> float:
         if not self._lengths:
