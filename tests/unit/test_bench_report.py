@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from trtserve.harness.benchlib.compare import ONE_CONNECTION_MODE, anchor_targets, comparison_rows, format_comparison
+from trtserve.harness.benchlib.deadlines import open_deadline_us
 from trtserve.harness.benchlib.policies import (
     CLOSED_MODE,
     OPEN_MODE,
@@ -82,6 +83,16 @@ def test_raw_reference_best_and_batch_of_one():
     assert raw.sizes[0].rows_per_s == pytest.approx(3 / 0.009)
     assert raw.best.batch == 2 and raw.best.rows_per_s == pytest.approx(1000.0)
     assert raw.summary()["best_batch"] == 2
+
+
+def test_open_loop_deadline_covers_two_runs_of_the_capacity_batch():
+    """minilm-like: 6 ms batch of one, 80 ms batch of 16. At capacity the closed loop ran
+    batches of ~12 rows, so the open loop's deadline is 2 x the raw batch of 16, not 4 x 6 ms
+    (below one such batch: no server could meet it at 80 % load)."""
+    raw = RawReference("m", (RawSize(1, (6000.0,)), RawSize(8, (40000.0,)), RawSize(16, (80000.0,))))
+    assert raw.run_ms(11.7) == 80.0 and raw.run_ms(1) == 6.0 and raw.run_ms(64) == 80.0
+    assert open_deadline_us(raw.batch1_ms, 4.0, raw.run_ms(11.7)) == 160_000
+    assert open_deadline_us(0.005, 4.0, 0.02) == 5_000  # tiny: the 5 ms floor
 
 
 def test_summarize_counts_ok_rows_errors_batches_and_cpu():

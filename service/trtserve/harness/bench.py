@@ -11,7 +11,9 @@ for each model:
    started with ``--allow-http true --http-port 0``);
 3. open loop, Poisson arrivals at fractions of the capacity the closed loop measured (per
    transport), each request with a deadline (``timeout`` parameter) of ``--deadline-factor``
-   × the raw batch-of-one latency, at least 5 ms (a fast model's 4 × 5 µs no server can meet);
+   × the raw batch-of-one latency, at least 5 ms (a fast model's 4 × 5 µs no server can meet),
+   and at least two raw run times of the batch the closed loop formed at capacity (near capacity
+   a request waits for the running batch, then runs in the next: ``deadlines.open_deadline_us``);
 4. with ``--connections`` above 1, the closed-loop unary gRPC sweep again with every caller
    on one connection (mode ``closed-1conn``);
 5. for ``--policy-models``, the dispatch-policy comparison (``benchlib.policies``): the
@@ -221,7 +223,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--raw-duration", type=float, default=1.5,
         help="seconds per batch size of the raw reference (default: 1.5)")
     add("--deadline-factor", type=float, default=4.0,
-        help="open loop: request deadline as a multiple of the raw batch-of-one latency, at least 5 ms (default: 4)")
+        help="open loop: request deadline as a multiple of the raw batch-of-one latency, at least 5 ms and "
+             "two raw runs of the closed loop's batch at capacity (default: 4)")
     add("--policy-models", type=_names, default=["tiny", "minilm"],
         help="models of the policy comparison (mode 'policy'), comma-separated (default: tiny,minilm)")
     add("--policies", type=_policy_list, default=parse_policies(DEFAULT_POLICIES),

@@ -22,9 +22,25 @@ Every other non-OK status is counted as ``other``."""
 OTHER = "other"
 
 
+OPEN_BATCH_RUNS = 2.0
+"""The open loop's deadline covers this many run times of the batch the closed loop formed at
+capacity (see :func:`open_deadline_us`)."""
+
+
 def deadline_us(batch1_ms: float, factor: float, floor_ms: float = MIN_DEADLINE_MS) -> int:
     """``factor`` × the batch-of-one run time ``batch1_ms`` (ms), at least ``floor_ms``, in µs."""
     return round(max(factor * batch1_ms, floor_ms) * 1000)
+
+
+def open_deadline_us(batch1_ms: float, factor: float, capacity_batch_ms: float) -> int:
+    """The open loop's deadline in µs: :func:`deadline_us` of ``factor``, and at least
+    :data:`OPEN_BATCH_RUNS` × ``capacity_batch_ms``, the raw run time (ms) of a batch as large
+    as the closed loop's mean batch at capacity. Near capacity the server must run batches
+    about that large to keep up, and a request arriving while one runs waits for it and then
+    runs in the next: a deadline below two such runs asks whether the load can be met at all
+    (for minilm on 2 cores, 4 × its 6 ms batch of one is below one batch of 16), not whether the
+    server meets it."""
+    return max(deadline_us(batch1_ms, factor), round(OPEN_BATCH_RUNS * capacity_batch_ms * 1000))
 
 
 @dataclass(frozen=True)

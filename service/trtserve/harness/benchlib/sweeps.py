@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 import numpy as np
 
-from trtserve.harness.benchlib.deadlines import DeadlineClass, deadline_class, deadline_us
+from trtserve.harness.benchlib.deadlines import DeadlineClass, deadline_class, deadline_us, open_deadline_us
 from trtserve.harness.benchlib.load import LoadGenerator, Window
 from trtserve.harness.benchlib.overload import (
     LOOSE,
@@ -88,10 +88,10 @@ async def mode_points(
             await asyncio.sleep(SETTLE_S)
         return
 
-    capacity = await find_capacity(args, gen, workload, raw, transport, done)
-    timeout_us = deadline_us(raw.batch1_ms, args.deadline_factor)  # at least 5 ms, as the overload mode's
+    at_capacity = await find_capacity(args, gen, workload, raw, transport, done)
+    timeout_us = open_deadline_us(raw.batch1_ms, args.deadline_factor, raw.run_ms(at_capacity.mean_batch or 1))
     for fraction in args.rates:
-        rate = fraction * capacity
+        rate = fraction * at_capacity.rows_per_s
         arrivals = poisson_arrivals(rate, args.warmup + args.duration + SCHEDULE_SLACK_S, rng)
         if stream:
             messages = workload.messages(len(arrivals), with_ids=True, timeout_us=timeout_us)
@@ -103,15 +103,16 @@ async def mode_points(
 
 
 async def find_capacity(args: argparse.Namespace, gen: LoadGenerator, workload: Workload, raw: RawReference,
-                        transport: str, done: list[Point]) -> float:
-    """Requests/s (one row each) the closed loop reached over ``transport`` in this run: the
-    peak of its sweep, else of a quick closed loop (:data:`CAPACITY_S`, the largest
-    ``--concurrency``) measured now and added to ``done`` as mode ``capacity-<transport>``."""
+                        transport: str, done: list[Point]) -> Point:
+    """The closed-loop point at capacity over ``transport`` in this run (its ``rows_per_s``:
+    requests/s, one row each): the peak of its sweep, else a quick closed loop
+    (:data:`CAPACITY_S`, the largest ``--concurrency``) measured now and added to ``done`` as
+    mode ``capacity-<transport>``."""
     model = workload.spec.name
     modes = (f"closed-{transport}", f"capacity-{transport}")
-    closed = [p.rows_per_s for p in done if p.model == model and p.server == SERVER and p.mode in modes]
+    closed = [p for p in done if p.model == model and p.server == SERVER and p.mode in modes]
     if closed:
-        return max(closed)
+        return max(closed, key=lambda p: p.rows_per_s)
     callers = max(args.concurrency)
     quick = gen.with_duration(min(args.duration, CAPACITY_S))
     count = max(len(workload.requests), callers + 1)
@@ -124,7 +125,7 @@ async def find_capacity(args: argparse.Namespace, gen: LoadGenerator, workload: 
     done.append(point)
     print(f"{model:8} {modes[1]:13} {format_row(point)}", flush=True)
     await asyncio.sleep(SETTLE_S)
-    return point.rows_per_s
+    return point
 
 
 async def policy_points(
@@ -134,7 +135,7 @@ async def policy_points(
     """The policy comparison for one model: per caller count a closed loop, per rate one
     trace, each run under each policy."""
     model = workload.spec.name
-    capacity = await find_capacity(args, gen, workload, raw, "stream", done)
+    capacity = (await find_capacity(args, gen, workload, raw, "stream", done)).rows_per_s
     full = raw.sizes[-1]  # batch_sizes() ends at max_batch_size
     timeout_us = deadline_us(full.p50_ms, args.policy_deadline_factor)
     choices: list[PolicyChoice] = args.policies
@@ -198,7 +199,7 @@ async def overload_points(
     replayed under each policy, multiples ascending; every request's gRPC deadline and
     ``timeout`` parameter 10× the raw batch-of-one run time, at least 5 ms."""
     model = workload.spec.name
-    capacity = await find_capacity(args, gen, workload, raw, "unary", done)
+    capacity = (await find_capacity(args, gen, workload, raw, "unary", done)).rows_per_s
     timeout_us = deadline_us(raw.batch1_ms, OVERLOAD_DEADLINE_FACTOR)
     messages = workload.messages(timeout_us=timeout_us)
     span = gen.warmup_s + args.overload_duration + SCHEDULE_SLACK_S
@@ -226,7 +227,7 @@ async def mixed_points(
     """Mode ``mixed`` for one model: one Poisson trace at 65 % of the unary capacity, each
     arrival tight or loose at random (half each), replayed under each policy."""
     model = workload.spec.name
-    capacity = await find_capacity(args, gen, workload, raw, "unary", done)
+    capacity = (await find_capacity(args, gen, workload, raw, "unary", done)).rows_per_s
     budgets = mixed_deadlines_us(deadline_us(raw.batch1_ms, MIXED_FACTORS[TIGHT]))
     arrivals = poisson_arrivals(MIXED_FRACTION * capacity, gen.warmup_s + args.mixed_duration + SCHEDULE_SLACK_S, rng)
     tight = rng.random(len(arrivals)) < 0.5
