@@ -68,8 +68,8 @@ def test_a_bucket_first_measured_in_a_slow_spell_is_bounded_by_the_others():
     of that length look hopeless: refused requests are never measured, so the server would
     refuse them for good (seen: 74 ms for one row of 17-32 tokens, beside 19 ms at 9-16)."""
     model = LatencyModel()
-    for rows in (1, 2, 4, 8, 16):  # the warm-up's length
-        model.observe(rows, 0.008 + 0.004 * rows, length=16)
+    for n in (1, 2, 4, 8, 16):  # the warm-up's length
+        model.observe(n, 0.008 + 0.004 * n, length=16)
     model.observe(1, 0.074, length=32)  # one batch, in a busy moment
     assert model.lower_bound(1, 32) == pytest.approx(2 * 0.012)  # no more than in proportion to length
     model.observe(1, 0.060, length=8)
