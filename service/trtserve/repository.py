@@ -194,6 +194,15 @@ def _version_spec(config: mc.ModelConfig, model_dir: Path, version: int, path: P
             f"{path}: parameters {foreign} are not ones trtserve reads ({', '.join(sorted(SERVER_PARAMETERS))}), "
             f"and the model has no handler.py or Python model to read them"
         )
+    # Triton's auto-complete fills in an omitted max_batch_size from the model and turns on the
+    # dynamic batcher; here an omitted (0) max_batch_size with dynamic_batching asks the server to
+    # choose it (a model that does not batch has no use for a dynamic batcher).
+    choose = config.max_batch_size == 0 and config.HasField("dynamic_batching")
+    if choose and config.dynamic_batching.preferred_batch_size:
+        raise ConfigError(
+            f"{path}: dynamic_batching.preferred_batch_size needs an explicit max_batch_size; without one "
+            "(max_batch_size omitted, dynamic_batching present) the server chooses the batch size at load"
+        )
     try:
         policy = _policy(config, parameters)
     except ValueError as exc:
@@ -211,6 +220,7 @@ def _version_spec(config: mc.ModelConfig, model_dir: Path, version: int, path: P
         version_dir=version_dir,
         parameters=parameters,
         config=config,
+        choose_batch_size=choose,
     )
     try:
         embedding_io(spec)

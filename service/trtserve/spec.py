@@ -46,6 +46,11 @@ class ModelSpec:
         model_dir: ``engines/<name>``; ``version_dir``: ``engines/<name>/<version>``.
         parameters: the config's string ``parameters``.
         config: the parsed ``inference.ModelConfig`` message, returned by the ModelConfig RPC.
+        choose_batch_size: the config leaves ``max_batch_size`` to the server (it is omitted, or
+            0, with ``dynamic_batching`` present): the warm-up at load chooses it from the
+            measured throughput curve, within the model file's batch limit
+            (:mod:`trtserve.engine.warmup`). Until then ``policy.max_batch_size`` is 0; the spec
+            of a served model carries the chosen value in ``policy`` and ``config``.
     """
 
     name: str
@@ -59,11 +64,13 @@ class ModelSpec:
     version_dir: Path
     parameters: dict[str, str] = field(default_factory=dict)
     config: Any = None
+    choose_batch_size: bool = False
 
     @property
     def batched(self) -> bool:
-        """Whether tensors carry a leading batch dimension (``max_batch_size > 0``)."""
-        return self.policy.max_batch_size > 0
+        """Whether tensors carry a leading batch dimension (``max_batch_size > 0``, or left to
+        the server to choose)."""
+        return self.policy.max_batch_size > 0 or self.choose_batch_size
 
     def input(self, name: str) -> TensorSpec | None:
         """The client-facing input called ``name``, or ``None`` if the model has none."""

@@ -262,3 +262,23 @@ def test_check_repository_refuses_a_missing_or_empty_repository(tmp_path):
         check_repository(tmp_path)
     write(tmp_path, "m", TENSORS)
     check_repository(tmp_path)  # one model: served
+
+
+# -- max_batch_size left to the server --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("config", "choose", "batched", "max_batch_size"), [
+    ("dynamic_batching { }", True, True, 0),                       # omitted, with a dynamic batcher
+    ("max_batch_size: 0 dynamic_batching { }", True, True, 0),     # the same to protobuf
+    ("", False, False, 0),                                          # no batch dimension
+    ("max_batch_size: 16 dynamic_batching { }", False, True, 16),  # explicit: kept
+])
+def test_an_omitted_max_batch_size_with_dynamic_batching_is_left_to_the_server(tmp_path, config, choose, batched,
+                                                                              max_batch_size):
+    (spec,) = load_specs(write(tmp_path, "m", config + TENSORS))
+    assert (spec.choose_batch_size, spec.batched, spec.policy.max_batch_size) == (choose, batched, max_batch_size)
+
+
+def test_preferred_batch_sizes_need_an_explicit_max_batch_size(tmp_path):
+    message = refused(write(tmp_path, "m", "dynamic_batching { preferred_batch_size: [ 8 ] }" + TENSORS))
+    assert "config.pbtxt: dynamic_batching.preferred_batch_size needs an explicit max_batch_size" in message

@@ -36,7 +36,7 @@ It reads no clock and changes nothing; the dispatcher applies the :class:`Decisi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from trtserve.batching.latency import LatencyModel
@@ -200,14 +200,23 @@ class _OneRow:
 
 
 def adaptive_cap(latency: LatencyModel, policy: BatchingPolicy, length: int = 1, tolerance: float = 0.05) -> int:
-    """The knee of the measured throughput curve: the smallest measured batch size whose rows/s
-    is within ``tolerance`` of the best measured, among sizes whose predicted run time fits
-    ``policy.latency_budget``; ``max_batch_size`` until anything is measured."""
+    """The :func:`knee` of the measured throughput curve among batch sizes up to
+    ``max_batch_size``, within ``policy.latency_budget``; ``max_batch_size`` until anything is
+    measured."""
     limit = policy.rows_per_batch
-    curve = {b: t for b, t in latency.curve(length).items() if b <= limit and t > 0}
-    fits = {b: t for b, t in curve.items() if t <= policy.latency_budget} or dict(sorted(curve.items())[:1])
+    curve = {b: t for b, t in latency.curve(length).items() if b <= limit}
+    return knee(curve, policy.latency_budget, tolerance) or limit
+
+
+def knee(curve: Mapping[int, float], budget: float = math.inf, tolerance: float = 0.05) -> int | None:
+    """The knee of a throughput curve (batch size → seconds per batch): the smallest size whose
+    rows/s is within ``tolerance`` of the best, among the sizes whose time fits ``budget``
+    seconds (the smallest size alone where none does); ``None`` for a curve without a positive
+    time."""
+    timed = {b: t for b, t in curve.items() if t > 0}
+    fits = {b: t for b, t in timed.items() if t <= budget} or dict(sorted(timed.items())[:1])
     if not fits:
-        return limit
+        return None
     best = max(b / t for b, t in fits.items())
     return min(b for b, t in fits.items() if b / t >= (1 - tolerance) * best)
 

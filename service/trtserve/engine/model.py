@@ -7,24 +7,24 @@ request run in the front ends (:mod:`trtserve.pipeline`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from trtserve.batching.dispatcher import Dispatcher
-from trtserve.batching.latency import LatencyModel
+from trtserve.batching.policy import knee
 from trtserve.clock import Clock
 from trtserve.datatypes import Tensors
+from trtserve.engine.warmup import KNEE_TOLERANCE, WARMUP_LENGTH, search_limit, warm_up
 from trtserve.handlers import has_handler
 from trtserve.ipc.admission import admit
-from trtserve.runtimes.base import Backend
+from trtserve.runtimes.base import Backend, batch_limit
 from trtserve.spec import ModelSpec, TensorSpec
 
-WARMUP_LENGTH = 16
-"""Size of every variable (-1) dimension in the warm-up batches (config parameter ``warmup_length``)."""
-WARMUP_SWEEPS = 2
-"""Warm-up passes over the batch sizes; the last one seeds the latency model."""
+log = logging.getLogger(__name__)
 
 
 class EngineModel:
@@ -46,29 +46,41 @@ class EngineModel:
         self.clock = clock
         if not has_handler(spec):
             check_engine_io(spec, backend)
-        self.dispatcher = Dispatcher(backend, spec.policy, clock=clock)
+        policy = spec.policy
+        if spec.choose_batch_size:
+            # The warm-up searches up to the file's limit; start() then sets the choice.
+            policy = dataclasses.replace(policy, max_batch_size=search_limit(batch_limit(backend)))
+        self.dispatcher = Dispatcher(backend, policy, clock=clock)
 
     async def start(self) -> None:
-        """Start the dispatcher and warm the model up: synthetic batches of 1, 2, 4, ...
-        ``max_batch_size`` rows (variable dims at the ``warmup_length`` parameter, default
-        :data:`WARMUP_LENGTH`), run :data:`WARMUP_SWEEPS` times, so that the first real request pays for no lazy
-        initialisation and the latency model starts from a measured profile (of the last
-        sweep). The model is reported ready only after this."""
+        """Start the dispatcher and warm the model up (:func:`~trtserve.engine.warmup.warm_up`):
+        synthetic batches of 1, 2, 4, ... ``max_batch_size`` rows (variable dims at the
+        ``warmup_length`` parameter, default :data:`~trtserve.engine.warmup.WARMUP_LENGTH`),
+        each run twice, so that the first real request pays for no lazy initialisation and the
+        latency model starts from a measured profile. Where the config leaves
+        ``max_batch_size`` to the server (:attr:`~trtserve.spec.ModelSpec.choose_batch_size`),
+        the warm-up chooses it and :attr:`spec` (its policy and config, which ModelConfig
+        returns) carries the choice. The model is reported ready only after this."""
         self.dispatcher.start()
         length = int(self.spec.parameters.get("warmup_length", WARMUP_LENGTH))
-        sizes = [1]
-        while sizes[-1] * 2 <= self.spec.policy.max_batch_size:
-            sizes.append(sizes[-1] * 2)
-        if sizes[-1] < self.spec.policy.max_batch_size:
-            sizes.append(self.spec.policy.max_batch_size)
-        for sweep in range(WARMUP_SWEEPS):
-            if sweep == WARMUP_SWEEPS - 1:
-                # The first sweep pays for first-run costs (allocations, kernel selection, a
-                # cold cache); only the last one seeds the latency model.
-                self.dispatcher.latency = LatencyModel()
-            for rows in sizes:
-                warm = sample_inputs(self.backend.inputs, rows, length)
-                await self.dispatcher.submit([self.backend.prepare(warm)])
+        choose = self.spec.choose_batch_size
+        limit = self.dispatcher.policy.max_batch_size
+
+        def feed(rows: int) -> Tensors:
+            return self.backend.prepare(sample_inputs(self.backend.inputs, rows, length))
+
+        curve = await warm_up(self.dispatcher, feed, limit, search=choose)
+        if choose:
+            chosen = knee(curve, self.spec.policy.latency_budget, KNEE_TOLERANCE) or limit
+            policy = dataclasses.replace(self.spec.policy, max_batch_size=chosen)
+            config = type(self.spec.config)()
+            config.CopyFrom(self.spec.config)
+            config.max_batch_size = chosen
+            self.spec = dataclasses.replace(self.spec, policy=policy, config=config)
+            self.dispatcher.set_policy(policy)
+            log.info("model %s version %s: max_batch_size %d, chosen at load (rows/s by batch size: %s; "
+                     "the model file allows %s)", self.spec.name, self.spec.version, chosen,
+                     ", ".join(f"{b}: {b / t:.0f}" for b, t in curve.items()), batch_limit(self.backend) or "any")
         self.dispatcher.stats.reset()  # statistics and metrics count traffic, not the warm-up
 
     def submit(
@@ -122,7 +134,7 @@ def check_engine_io(spec: ModelSpec, backend: Backend) -> None:
                     f"config {kind} '{t.name}' is {t.datatype.name} but the model file has {e.datatype.name}"
                 )
             if not dims_fit(t.dims, e.dims):
-                batch = " (without the batch axis: max_batch_size > 0)" if spec.policy.max_batch_size > 0 else ""
+                batch = " (without the batch axis: the model batches)" if spec.batched else ""
                 raise ValueError(
                     f"config {kind} '{t.name}' has dims {list(t.dims)} but the model file has {list(e.dims)}{batch}; "
                     "-1 in the model file takes any size, a fixed size must be the same in both"

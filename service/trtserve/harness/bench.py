@@ -397,6 +397,10 @@ async def _bench(
         for model, workload in workloads.items():
             if not await gen.model_ready(model):
                 raise SystemExit(f"model '{model}' is not ready on the server:\n" + "".join(server.output))
+            served = await gen.max_batch_size(model)
+            if served != workload.spec.policy.max_batch_size:
+                workload = workloads[model] = workload.served_with(served)
+                print(f"{model}: max_batch_size {served}, chosen by the server at load", flush=True)
             raw = raws[model] = measure_raw(workload, args.raw_duration)
             print(f"{model}: raw best {raw.best.rows_per_s:.1f} rows/s at batch {raw.best.batch}, "
                   f"batch-of-one {raw.batch1_ms:.3f} ms", flush=True)

@@ -105,6 +105,22 @@ class RunsInline(Protocol):
         """
 
 
+@runtime_checkable
+class BatchBounded(Protocol):
+    """A :class:`Backend` whose model file bounds the rows of one batch (optional): a fixed
+    batch axis in an ONNX file, a TensorRT plan's optimization profile. A backend without it
+    sets no bound of its own."""
+
+    max_batch_rows: int | None
+    """The most rows one batch may hold; ``None`` where the file leaves the batch axis free."""
+
+
+def batch_limit(backend: object) -> int | None:
+    """The rows the model file of ``backend`` allows in one batch (:class:`BatchBounded`);
+    ``None`` for no bound."""
+    return backend.max_batch_rows if isinstance(backend, BatchBounded) else None
+
+
 class StagingBuffers:
     """Grow-only host buffers of one execution slot, one per engine input.
 

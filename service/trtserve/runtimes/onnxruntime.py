@@ -100,6 +100,8 @@ class OnnxRuntimeBackend:
         except Exception as exc:
             raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
         self.inputs, self.outputs = engine_tensors(self._sessions[0], batched, path)
+        self.max_batch_rows = fixed_batch_rows(self._sessions[0]) if batched else None
+        """The file's bound on a batch (:class:`~trtserve.runtimes.base.BatchBounded`)."""
         self._output_names = [t.name for t in self.outputs]
         self.slots = slots
         self.batched = batched
@@ -197,6 +199,15 @@ def engine_tensors(session: object, batched: bool, path: Path) -> tuple[tuple[Te
     inputs = tuple(_spec(a, batched, path) for a in session.get_inputs())  # type: ignore[attr-defined]
     outputs = tuple(_spec(a, batched, path) for a in session.get_outputs())  # type: ignore[attr-defined]
     return inputs, outputs
+
+
+def fixed_batch_rows(session: object) -> int | None:
+    """The smallest fixed size of axis 0 among the session's inputs and outputs (a file exported
+    with a fixed batch, often 1); ``None`` where every tensor leaves axis 0 free (symbolic or
+    unknown)."""
+    args = [*session.get_inputs(), *session.get_outputs()]  # type: ignore[attr-defined]
+    fixed = [a.shape[0] for a in args if a.shape and isinstance(a.shape[0], int) and a.shape[0] > 0]
+    return min(fixed, default=None)
 
 
 def _spec(arg: object, batched: bool, path: Path) -> TensorSpec:

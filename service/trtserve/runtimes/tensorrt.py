@@ -190,7 +190,8 @@ class TensorRTBackend:
         plan: the ``model.plan`` file (its sidecar ``model.plan.json`` beside it).
         slots: execution slots (one context, stream and buffer set each, on its own thread).
         batched: whether axis 0 of every tensor is the batch (``max_batch_size > 0``).
-        max_batch_size: the config's; must fit the plan's profile.
+        max_batch_size: the config's; must fit the plan's profile (0: left to the server, which
+            chooses it within :attr:`max_batch_rows`).
         pad_value: fills variable-length dims up to the longest row of a batch.
         device: the CUDA device ordinal.
 
@@ -241,6 +242,10 @@ class TensorRTBackend:
         self.device = device
         self.inputs, self.outputs, self._bounds = _introspect(self._engine, self.plan, batched)
         self._profiles = [i if self._engine.num_optimization_profiles >= slots else 0 for i in range(slots)]
+        self.max_batch_rows = (
+            min(b.max[0] for p in set(self._profiles) for b in self._bounds[p].values()) if batched else None
+        )
+        """The profiles' bound on a batch (:class:`~trtserve.runtimes.base.BatchBounded`)."""
         if batched:
             for name, b in self._bounds[0].items():
                 if max_batch_size > b.max[0]:

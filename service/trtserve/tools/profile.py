@@ -1,11 +1,13 @@
 """``trtserve profile MODEL``: throughput and latency against batch size, and what to configure.
 
 Runs the model's engine directly (no server, no queue) on synthetic rows at batch sizes 1, 2,
-4, ... ``max_batch_size`` — and, for inputs with variable-length dims, at several padded
-lengths — timing each point as the median of ``--repeats`` runs. Prints the table, writes a
-PNG plot (rows/s and batch latency against batch size), and recommends ``max_batch_size``: the
-knee, the smallest batch within ``--tolerance`` of peak throughput whose latency fits
-``--latency-budget-ms`` (the same rule as the dispatcher's ``adaptive_batch_size``).
+4, ... ``max_batch_size`` (where the config leaves ``max_batch_size`` to the server: until
+throughput stops growing, as the server's own search at load, :mod:`trtserve.engine.warmup`)
+— and, for inputs with variable-length dims, at several padded lengths — timing each point as
+the median of ``--repeats`` runs. Prints the table, writes a PNG plot (rows/s and batch latency
+against batch size), and recommends ``max_batch_size``: the knee, the smallest batch within
+``--tolerance`` of peak throughput whose latency fits ``--latency-budget-ms`` (the same rule as
+the dispatcher's ``adaptive_batch_size`` and the server's choice at load).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trtserve.batching.latency import LatencyModel
-from trtserve.batching.policy import adaptive_cap
+from trtserve.batching.policy import knee
+from trtserve.engine.warmup import KNEE_TOLERANCE, batch_sizes, search_limit
+from trtserve.runtimes.base import batch_limit
 from trtserve.tools import ToolError, fail, model_dir, model_failure
 
 
@@ -54,11 +57,10 @@ async def measure(root: Path, name: str, lengths: list[int], repeats: int) -> di
         raise model_failure(name, "cannot load", exc) from exc
     try:
         variable = any(-1 in t.dims for t in backend.inputs)
-        sizes = [1]
-        while sizes[-1] * 2 <= spec.policy.rows_per_batch:
-            sizes.append(sizes[-1] * 2)
-        if sizes[-1] < spec.policy.rows_per_batch:
-            sizes.append(spec.policy.rows_per_batch)
+        # A config that leaves max_batch_size to the server: up to what the server may choose,
+        # and, as its search at load, only until throughput stops growing.
+        limit = search_limit(batch_limit(backend)) if spec.choose_batch_size else spec.policy.rows_per_batch
+        sizes = batch_sizes(limit)
         table: dict[int, dict[int, float]] = {}
         for length in lengths if variable else [1]:
             table[length] = {}
@@ -75,19 +77,18 @@ async def measure(root: Path, name: str, lengths: list[int], repeats: int) -> di
                 except Exception as exc:  # the engine failing on a synthetic batch
                     raise model_failure(name, f"failed on a batch of {rows} (length {length})", exc) from exc
                 table[length][rows] = float(np.median(times))
+                if spec.choose_batch_size and rows > 1 and not growing(table[length]):
+                    break
         return table
     finally:
         await backend.aclose()
 
 
-def recommend(curve: dict[int, float], budget: float, tolerance: float, limit: int) -> int:
-    """The knee of one length's curve (batch size → seconds); see the module docstring."""
-    from trtserve.config import BatchingPolicy
-
-    model = LatencyModel()
-    for rows, seconds in curve.items():
-        model.observe(rows, seconds)
-    return adaptive_cap(model, BatchingPolicy(max_batch_size=limit, latency_budget=budget), 1, tolerance)
+def growing(curve: dict[int, float]) -> bool:
+    """Whether the last size of ``curve`` (batch size → seconds, ascending) has more than
+    :data:`~trtserve.engine.warmup.KNEE_TOLERANCE` more rows/s than every smaller one."""
+    *before, (rows, seconds) = curve.items()
+    return rows / seconds > (1 + KNEE_TOLERANCE) * max(b / t for b, t in before)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,10 +104,10 @@ def run(args: argparse.Namespace) -> int:
         for rows, seconds in curve.items():
             print(f"{length:6d} {rows:6d} {seconds * 1e3:11.2f} {rows / seconds:9.0f}")
     limit = max(max(c) for c in table.values())
-    knees = {length: recommend(curve, budget, args.tolerance, limit) for length, curve in table.items()}
-    for length, knee in knees.items():
-        seconds = table[length][knee]
-        print(f"knee at length {length}: batch {knee} ({knee / seconds:.0f} rows/s, {seconds * 1e3:.1f} ms)")
+    knees = {length: knee(curve, budget, args.tolerance) or limit for length, curve in table.items()}
+    for length, size in knees.items():
+        seconds = table[length][size]
+        print(f"knee at length {length}: batch {size} ({size / seconds:.0f} rows/s, {seconds * 1e3:.1f} ms)")
     choice = max(knees.values())
     print(f"recommended: max_batch_size: {choice}   "
           "(config.pbtxt; or parameters adaptive_batch_size \"true\" to follow drift)")

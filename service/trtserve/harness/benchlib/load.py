@@ -155,6 +155,11 @@ class LoadGenerator:
             request_serializer=pb.ModelReadyRequest.SerializeToString,
             response_deserializer=pb.ModelReadyResponse.FromString,
         )
+        self._config = channel.unary_unary(
+            METHOD + "ModelConfig",
+            request_serializer=pb.ModelConfigRequest.SerializeToString,
+            response_deserializer=pb.ModelConfigResponse.FromString,
+        )
         self._server_cpu_s = server_cpu_s
         self._server_rss_mib = server_rss_mib
         self.warmup_s = warmup_s
@@ -199,6 +204,12 @@ class LoadGenerator:
         """Whether the server serves ``model`` (ModelReady)."""
         response = await self._ready(pb.ModelReadyRequest(name=model))
         return response.ready
+
+    async def max_batch_size(self, model: str) -> int:
+        """The ``max_batch_size`` the server serves ``model`` with (ModelConfig): the config's,
+        or the one it chose at load where the config leaves it to the server."""
+        response = await self._config(pb.ModelConfigRequest(name=model))
+        return response.config.max_batch_size
 
     @property
     def open_loop_client(self) -> str:

@@ -4,6 +4,7 @@ same rows packed into engine batches for the raw reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from collections.abc import Sequence
@@ -75,6 +76,12 @@ class Workload:
     spec: ModelSpec
     requests: tuple[Tensors, ...]
     segments: tuple[Tensors, ...]
+
+    def served_with(self, max_batch_size: int) -> Workload:
+        """This workload with the ``max_batch_size`` the server serves the model with (the one
+        it chose at load, for a config that leaves it to the server)."""
+        policy = dataclasses.replace(self.spec.policy, max_batch_size=max_batch_size)
+        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, policy=policy))
 
     @property
     def onnx_path(self) -> Path:

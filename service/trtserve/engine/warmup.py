@@ -1,0 +1,105 @@
+"""The warm-up at load, and the batch size it chooses where the config leaves it to the server.
+
+Every batch size of the warm-up (1, 2, 4, ... and the limit) runs at least twice through the
+model's own dispatcher: the first run pays the first-run costs of its shape (allocations, kernel
+selection, a cold cache) and does not enter the latency model; the others seed the latency model
+the dispatcher starts from.
+
+**Choosing max_batch_size** (:attr:`~trtserve.spec.ModelSpec.choose_batch_size`): the sizes double
+from 1 until throughput stops growing: until the first size whose rows/s is not more than
+:data:`KNEE_TOLERANCE` above the best smaller size (among sizes whose batch takes at least
+:data:`SEARCH_SAMPLE_S`: the cheap sizes are always measured, so one slow run of one of them
+cannot end the search), or whose batch takes longer than the ``latency_budget_us`` parameter or
+:data:`SEARCH_RUN_LIMIT_S`, or the model file's limit (:func:`~trtserve.runtimes.base.batch_limit`;
+:data:`SEARCH_CEILING` where the file sets none). Each size's time is its fastest run (noise from
+elsewhere on the machine only adds time) over its runs in the search and one more run of every
+size measured after it; a cheap size runs again while its runs add up to less than
+:data:`SEARCH_SAMPLE_S` (at most :data:`SEARCH_MAX_RUNS` runs). The choice is the knee of that curve by the rule of
+``adaptive_batch_size`` and ``trtserve profile`` (:func:`~trtserve.batching.policy.knee`):
+the smallest measured size within :data:`KNEE_TOLERANCE` of the best rows/s. Against a fixed
+``max_batch_size`` the search costs a third run of every size and the sizes past the knee up to
+the first that does not beat it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from trtserve.batching.dispatcher import Dispatcher
+from trtserve.batching.latency import LatencyModel
+from trtserve.datatypes import Tensors
+
+WARMUP_LENGTH = 16
+"""Size of every variable (-1) dimension in the warm-up batches (config parameter ``warmup_length``)."""
+KNEE_TOLERANCE = 0.05
+"""A larger batch counts as faster only above this share more rows/s (the knee rule's tolerance)."""
+SEARCH_CEILING = 1024
+"""The most rows the choice searches where the model file does not bound the batch axis."""
+SEARCH_RUN_LIMIT_S = 1.0
+"""The search stops after a batch that ran longer than this (seconds): the load-time bound."""
+SEARCH_SAMPLE_S = 0.05
+"""While searching, a size runs again while its runs add up to less than this (seconds; at most
+:data:`SEARCH_MAX_RUNS` runs), and a batch faster than this never ends the search: one slow run
+of a cheap size must not stop it short of the knee."""
+SEARCH_MAX_RUNS = 8
+
+
+def batch_sizes(limit: int) -> list[int]:
+    """1, 2, 4, ... below ``limit``, then ``limit`` (at least ``[1]``)."""
+    sizes = [1]
+    while sizes[-1] * 2 <= limit:
+        sizes.append(sizes[-1] * 2)
+    if sizes[-1] < limit:
+        sizes.append(limit)
+    return sizes
+
+
+def search_limit(file_limit: int | None) -> int:
+    """The largest batch the choice may measure: the model file's limit, else :data:`SEARCH_CEILING`."""
+    return SEARCH_CEILING if file_limit is None else max(min(file_limit, SEARCH_CEILING), 1)
+
+
+async def warm_up(
+    dispatcher: Dispatcher, feed: Callable[[int], Tensors], limit: int, *, search: bool = False
+) -> dict[int, float]:
+    """Run the warm-up batches of 1 .. ``limit`` rows (``feed(rows)``: the engine inputs of one
+    batch) and leave the dispatcher with the latency model of their measured runs.
+
+    With ``search``, stop once throughput stops growing (see the module docstring) instead of
+    running every size up to ``limit``, and sample the cheap sizes more.
+
+    Returns:
+        Batch size → its fastest run, seconds (every size run).
+
+    Raises:
+        TrtServeError: a warm-up batch failed (the model then does not load, with that reason).
+    """
+    clock = dispatcher.clock
+    seeded = LatencyModel()
+    budget = min(dispatcher.policy.latency_budget, SEARCH_RUN_LIMIT_S)
+    fastest: dict[int, float] = {}
+    best = 0.0
+    for rows in batch_sizes(limit):
+        runs: list[float] = []
+        while len(runs) < 2 or (search and len(runs) < SEARCH_MAX_RUNS and sum(runs) < SEARCH_SAMPLE_S):
+            # The first run of a shape goes to a throwaway model: it pays the first-run costs.
+            dispatcher.latency = seeded if runs else LatencyModel()
+            start = clock.now()
+            await dispatcher.submit([feed(rows)])
+            runs.append(clock.now() - start)
+        dispatcher.latency = seeded
+        seconds = fastest[rows] = min(runs)
+        if search:
+            rate = rows / seconds if seconds > 0 else math.inf
+            if (rate <= (1 + KNEE_TOLERANCE) * best and seconds >= SEARCH_SAMPLE_S) or seconds > budget:
+                break
+            best = max(best, rate)
+    if search:
+        # Once more, largest first: a busy moment elsewhere on the machine during one size's
+        # runs is unlikely to hit it again.
+        for rows in sorted(fastest, reverse=True):
+            start = clock.now()
+            await dispatcher.submit([feed(rows)])
+            fastest[rows] = min(fastest[rows], clock.now() - start)
+    return fastest

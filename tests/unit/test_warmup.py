@@ -1,0 +1,114 @@
+"""The warm-up at load and the max_batch_size it chooses where the config leaves it to the
+server (trtserve.engine.warmup, through EngineModel.start), on a fake clock with a scripted
+engine: which batch sizes it runs, where the search stops, what it chooses and where the choice
+shows (the served spec's policy and config, the dispatcher)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+
+from fakes import FakeBackend
+from trtserve._proto.inference import model_config_pb2 as mc
+from trtserve.batching.policy import knee
+from trtserve.clock import FakeClock
+from trtserve.config import BatchingPolicy
+from trtserve.datatypes import DATATYPES
+from trtserve.engine.model import EngineModel
+from trtserve.engine.warmup import SEARCH_CEILING
+from trtserve.spec import ModelSpec, TensorSpec
+
+FP32 = DATATYPES["FP32"]
+
+
+def knee_at_32(rows: int) -> float:
+    """20 ms a batch up to 20 rows, then 1 ms a row: rows/s doubles up to 16, reaches its best
+    (1000) at 32 and stays there."""
+    return max(0.020, 0.001 * rows)
+
+
+def spec(tmp_path: Path, max_batch_size: int = 0, *, choose: bool = True, budget_s: float | None = None) -> ModelSpec:
+    policy = BatchingPolicy(max_batch_size=max_batch_size, **({"latency_budget": budget_s} if budget_s else {}))
+    return ModelSpec(
+        name="m", version="1", platform="onnxruntime_onnx",
+        inputs=(TensorSpec("x", FP32, (-1,)),), outputs=(TensorSpec("y", FP32, (-1,)),),
+        policy=policy, instances=1, model_dir=tmp_path, version_dir=tmp_path / "1",
+        config=mc.ModelConfig(name="m", max_batch_size=max_batch_size), choose_batch_size=choose,
+    )
+
+
+async def load(model_spec: ModelSpec, latency, file_limit: int | None = None) -> tuple[EngineModel, FakeBackend]:
+    """Build and start the model on a fake clock, moving time until the warm-up is done."""
+    clock = FakeClock()
+    backend = FakeBackend(clock, latency=latency)
+    if file_limit is not None:
+        backend.max_batch_rows = file_limit  # as a model file with a fixed batch axis
+    model = EngineModel(model_spec, backend, clock=clock)
+    task = asyncio.create_task(model.start())
+    while not task.done():
+        await clock.advance(0.005)
+    await task
+    return model, backend
+
+
+def batches_of(backend: FakeBackend) -> list[int]:
+    """Distinct batch sizes run, in order."""
+    return list(dict.fromkeys(backend.sizes()))
+
+
+async def test_the_choice_is_the_knee_of_the_measured_curve_and_the_model_reports_it(tmp_path):
+    model, backend = await load(spec(tmp_path), knee_at_32)
+    # 64 rows does not beat 32 by more than 5 %: the search stops there.
+    assert batches_of(backend) == [1, 2, 4, 8, 16, 32, 64]
+    assert model.spec.policy.max_batch_size == 32 and model.spec.config.max_batch_size == 32
+    assert model.dispatcher.policy.max_batch_size == 32 and model.dispatcher.cap == 32
+    assert model.spec.choose_batch_size and model.dispatcher.stats.batches == 0  # the warm-up is not traffic
+
+
+async def test_a_file_limit_bounds_the_search_and_the_choice(tmp_path):
+    model, backend = await load(spec(tmp_path), knee_at_32, file_limit=12)
+    assert batches_of(backend) == [1, 2, 4, 8, 12] and max(backend.sizes()) == 12
+    assert model.spec.policy.max_batch_size == 12 and model.spec.config.max_batch_size == 12
+
+
+async def test_a_file_fixed_at_one_row_gives_one(tmp_path):
+    model, backend = await load(spec(tmp_path), knee_at_32, file_limit=1)
+    assert set(backend.sizes()) == {1} and model.spec.policy.max_batch_size == 1
+
+
+async def test_without_a_bound_from_the_file_the_search_stops_at_the_ceiling(tmp_path):
+    model, backend = await load(spec(tmp_path), lambda rows: 0.001 + 1e-6 * rows)  # still growing at 1024
+    assert max(backend.sizes()) == SEARCH_CEILING == model.spec.policy.max_batch_size
+
+
+async def test_a_slow_cheap_size_does_not_end_the_search(tmp_path):
+    # Batches of 2 are slower than of 1 (say a busy moment), but short: the search goes on.
+    model, backend = await load(spec(tmp_path), lambda rows: 0.004 if rows == 2 else knee_at_32(rows))
+    assert batches_of(backend) == [1, 2, 4, 8, 16, 32, 64] and model.spec.policy.max_batch_size == 32
+
+
+async def test_the_latency_budget_stops_the_search_and_bounds_the_choice(tmp_path):
+    model, backend = await load(spec(tmp_path, budget_s=0.025), knee_at_32)
+    assert batches_of(backend) == [1, 2, 4, 8, 16, 32]  # 32 rows take 32 ms, past the 25 ms budget
+    assert model.spec.policy.max_batch_size == 16
+
+
+async def test_an_explicit_max_batch_size_is_kept_and_warmed_up_to(tmp_path):
+    model, backend = await load(spec(tmp_path, 16, choose=False), knee_at_32)
+    assert batches_of(backend) == [1, 2, 4, 8, 16]
+    assert backend.sizes() == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]  # each twice: one unmeasured, one measured
+    assert model.spec.policy.max_batch_size == 16 and model.dispatcher.policy.max_batch_size == 16
+    assert model.dispatcher.latency.top_rows(16) == 16
+
+
+@pytest.mark.parametrize(("curve", "budget", "expected"), [
+    ({1: 0.02, 2: 0.02, 4: 0.02, 8: 0.02, 12: 0.02}, math.inf, 12),  # a size that is no power of two
+    ({1: 0.02, 8: 0.02, 16: 0.02, 32: 0.032, 64: 0.064}, math.inf, 32),
+    ({1: 0.02, 8: 0.02, 16: 0.02, 32: 0.032, 64: 0.064}, 0.025, 16),
+    ({1: 0.0}, math.inf, None),
+])
+def test_the_knee_rule(curve, budget, expected):
+    assert knee(curve, budget) == expected
