@@ -129,6 +129,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
                             "RESOURCE_EXHAUSTED before their tensors are decoded. 'auto' (default): the models' "
                             "measured capacity x their longest default timeout, recomputed as models load and unload "
                             "(none where a model has neither default_timeout nor max_queue_size); 0: no bound")
+    serve.add_argument("--grpc-max-concurrent-streams", type=int, default=0, metavar="N",
+                       help="HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS of each gRPC connection: calls beyond N on one "
+                            "connection wait in the client until one ends, costing the server nothing; size it as "
+                            "the connection's share of the capacity x the deadline (Little's law; "
+                            "docs/concepts/overload.md) (default: 0, no limit)")
     serve.add_argument("--cpu-workers", type=int, default=2,
                        help="threads per front end for handler pre/post-processing (default: 2)")
     serve.add_argument("--intra-op-threads", type=int, default=0,
@@ -249,6 +254,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"trtserve serve: --max-inflight-rpcs must be 'auto' or a whole number >= 0 (0: no bound), "
               f"got '{args.max_inflight_rpcs}'", file=sys.stderr)
         return 2
+    if args.grpc_max_concurrent_streams < 0:
+        print(f"trtserve serve: --grpc-max-concurrent-streams must be a whole number >= 0 (0: no limit), "
+              f"got {args.grpc_max_concurrent_streams}", file=sys.stderr)
+        return 2
     if frontends > (os.cpu_count() or 1):
         log.warning("--frontends %d is more than this machine's %d cores: the front ends will compete for them",
                     frontends, os.cpu_count() or 1)
@@ -272,6 +281,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             stream_inflight=args.stream_inflight,
             max_request_elements=args.max_request_elements or None,
             max_inflight_rpcs=inflight,
+            max_concurrent_streams=args.grpc_max_concurrent_streams or None,
             keepalive=keepalive,
             **security,
         ),

@@ -29,7 +29,13 @@ for each model:
 7. ``mixed``: Poisson at 65 % of that capacity, half the requests (at random) with a tight
    deadline (10× batch of one, at least 5 ms) and half with a loose one (10× the tight), under
    each policy of ``--policies``;
-8. ``embeddings`` (``benchlib.embeddings``, minilm only; the server under test then also opens
+8. ``refusals`` (``benchlib.refusals``): per door of ``--protocol``, the closed loop at the
+   largest ``--concurrency`` answered in full, then again with the model's queue held full (one
+   request parked in it: ``max_queue_size`` 1 and a fixed queue delay of 600 s, set with
+   ModelControl/SetPolicy and restored after), every call refused RESOURCE_EXHAUSTED (HTTP
+   429); ρ = server CPU per refusal ÷ per answer, beside the goodput bound at 2× and 3×
+   overload it implies, (1 − kρ)/(1 − ρ);
+9. ``embeddings`` (``benchlib.embeddings``, minilm only; the server under test then also opens
    its HTTP door, ``--allow-http true --http-port 0``): sentence embeddings through
    ``POST /v1/embeddings``, requests of 1 and of 32 corpus sentences, closed loop at each
    ``--concurrency``; texts/s, p50/p99, errors and the server's CPU per text.
@@ -135,6 +141,7 @@ from trtserve.harness.benchlib.protocols import (
     protocol_targets,
 )
 from trtserve.harness.benchlib.raw import measure_raw
+from trtserve.harness.benchlib.refusals import REFUSAL_MODE, format_refusal_table, refusal_targets
 from trtserve.harness.benchlib.report import (
     FLOOR,
     MODES,
@@ -146,14 +153,21 @@ from trtserve.harness.benchlib.report import (
     format_row,
     format_tables,
 )
-from trtserve.harness.benchlib.sweeps import closed_unary, mixed_points, mode_points, overload_points, policy_points
+from trtserve.harness.benchlib.sweeps import (
+    closed_unary,
+    mixed_points,
+    mode_points,
+    overload_points,
+    policy_points,
+    refusal_points,
+)
 from trtserve.harness.benchlib.workload import CORPUS, Workload, build_workload, load_texts
 from trtserve.tools.child_server import ChildServer, ServerProcess
 
 DEFAULT_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 POLICY_MODE = "policy"
 """The ``--modes`` item that runs the dispatch-policy comparison."""
-ALL_MODES = (*MODES, POLICY_MODE, OVERLOAD_MODE, MIXED_MODE, EMBEDDINGS_MODE)
+ALL_MODES = (*MODES, POLICY_MODE, OVERLOAD_MODE, MIXED_MODE, REFUSAL_MODE, EMBEDDINGS_MODE)
 CLIENTS = ("auto", "go", "python")
 """``--client``: the open loop's unary client; ``auto`` is the Go binary when it is built."""
 
@@ -328,10 +342,11 @@ def run(args: argparse.Namespace) -> int:
     print(format_policy_table(points))
     print(format_overload_table(points))
     print(format_mixed_table(points))
+    print(format_refusal_table(points))
     print(format_embeddings_table(embedding_points))
     targets = (check_targets(points, raws) + anchor_targets(points, raws) + protocol_targets(points)
                + floor_targets(points)
-               + policy_targets(points) + overload_targets(points) + mixed_targets(points)
+               + policy_targets(points) + overload_targets(points) + mixed_targets(points) + refusal_targets(points)
                + embeddings_targets(embedding_points))
     print("targets:")
     for target in targets:
@@ -420,6 +435,10 @@ async def _bench(
                         points.append(point)
                         label = mode[:4] + " " + (point.policy or "")
                         print(f"{model:8} {label:13} {format_row(point)}  {_classes_cell(point.classes)}", flush=True)
+            if REFUSAL_MODE in args.modes:
+                async for point in refusal_points(args, channel, gen, server, workload, raw):
+                    points.append(point)
+                    print(f"{model:8} {point.mode:13} {format_row(point)}", flush=True)
     finally:
         for c in channels:
             await c.close()

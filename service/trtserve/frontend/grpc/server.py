@@ -86,6 +86,7 @@ async def start_frontend(
     stream_inflight: int = DEFAULT_STREAM_INFLIGHT,
     max_request_elements: int | None = None,
     max_inflight_rpcs: int | str | None = None,
+    max_concurrent_streams: int | None = None,
     tls: TlsConfig | None = None,
     auth_token: str | None = None,
     auth_health: bool = False,
@@ -117,6 +118,10 @@ async def start_frontend(
             decoded (:class:`~trtserve.frontend.inflight.InflightGate`); ``"auto"``: measured
             capacity × useful wait of the models served (:mod:`trtserve.batching.capacity`),
             recomputed when they change; ``None`` or 0: no bound.
+        max_concurrent_streams: HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS`` of each connection
+            (grpc's ``grpc.max_concurrent_streams``): a client keeps a call beyond it waiting on its
+            side until one of the connection's calls ends, so the server spends nothing on it;
+            ``None`` or 0: grpc's own default (no limit).
         tls: serve TLS (mutual TLS when it has a client CA) instead of plaintext.
         auth_token: require ``authorization: Bearer <token>`` on every call, except health
             checking and reflection unless ``auth_health``.
@@ -124,17 +129,21 @@ async def start_frontend(
 
     Raises:
         RuntimeError: the address cannot be bound (``cannot listen on HOST:PORT (gRPC): ...``).
-        ValueError: ``max_inflight_rpcs`` is neither a count >= 0 nor "auto".
+        ValueError: ``max_inflight_rpcs`` is neither a count >= 0 nor "auto", or
+            ``max_concurrent_streams`` is below 0.
     """
     counted = max_inflight_rpcs is None or (isinstance(max_inflight_rpcs, int) and max_inflight_rpcs >= 0)
     if max_inflight_rpcs != AUTO and not counted:
         raise ValueError(f"max_inflight_rpcs must be a count >= 0 or 'auto', got {max_inflight_rpcs!r}")
+    if max_concurrent_streams is not None and max_concurrent_streams < 0:
+        raise ValueError(f"max_concurrent_streams must be >= 0 (0: no limit), got {max_concurrent_streams}")
     max_receive_bytes = max_receive_bytes or max_message_bytes
     options = [
         ("grpc.max_receive_message_length", max_receive_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 1 if reuse_port else 0),
         *(keepalive or Keepalive()).options(),
+        *((("grpc.max_concurrent_streams", max_concurrent_streams),) if max_concurrent_streams else ()),
     ]
     interceptors = [BearerTokenInterceptor(auth_token, protect_health=auth_health)] if auth_token else []
     state = FrontendState(engine, clock, pool, max_send_bytes=max_message_bytes,

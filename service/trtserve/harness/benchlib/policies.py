@@ -86,13 +86,18 @@ async def get_policy(channel: grpc.aio.Channel, model: str) -> pb.BatchingPolicy
     return response
 
 
-async def set_policy(channel: grpc.aio.Channel, model: str, adaptive: bool, max_queue_delay_us: int) -> None:
-    """Switch the model to ``adaptive`` / ``max_queue_delay_us`` (ModelControl/SetPolicy)."""
+async def set_policy(channel: grpc.aio.Channel, model: str, adaptive: bool, max_queue_delay_us: int,
+                     max_queue_size: int | None = None) -> None:
+    """Switch the model to ``adaptive`` / ``max_queue_delay_us`` and, when given, its queue bound
+    ``max_queue_size`` (requests; 0: none) (ModelControl/SetPolicy)."""
     call = channel.unary_unary(CONTROL + "SetPolicy", request_serializer=pb.SetPolicyRequest.SerializeToString,
                                response_deserializer=pb.BatchingPolicy.FromString)
-    policy = pb.BatchingPolicy(adaptive=adaptive, max_queue_delay_us=max_queue_delay_us)
+    policy = pb.BatchingPolicy(adaptive=adaptive, max_queue_delay_us=max_queue_delay_us,
+                               max_queue_size=max_queue_size or 0)
     request = pb.SetPolicyRequest(model_name=model, policy=policy)
     request.update_mask.paths.extend(["adaptive", "max_queue_delay_us"])
+    if max_queue_size is not None:
+        request.update_mask.paths.append("max_queue_size")
     await call(request)
 
 

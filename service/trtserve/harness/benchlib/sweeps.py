@@ -16,7 +16,8 @@ import grpc
 import numpy as np
 
 from trtserve.harness.benchlib.deadlines import DeadlineClass, deadline_class, deadline_us, open_deadline_us
-from trtserve.harness.benchlib.load import LoadGenerator, Window
+from trtserve.harness.benchlib.httpclient import RestClient
+from trtserve.harness.benchlib.load import METHOD, LoadGenerator, Window
 from trtserve.harness.benchlib.overload import (
     LOOSE,
     MIXED_FACTORS,
@@ -29,8 +30,10 @@ from trtserve.harness.benchlib.overload import (
 )
 from trtserve.harness.benchlib.policies import CLOSED_MODE, OPEN_MODE, PolicyChoice, get_policy, set_policy
 from trtserve.harness.benchlib.protocols import HTTP
+from trtserve.harness.benchlib.refusals import ANSWERED, LOOP_MODES, REFUSED
 from trtserve.harness.benchlib.report import SERVER, Measurement, Point, RawReference, format_row, summarize
 from trtserve.harness.benchlib.workload import Workload, poisson_arrivals
+from trtserve.tools.child_server import ChildServer
 
 SETTLE_S = 0.2
 """Pause between points (seconds) so that one point's tail does not run into the next."""
@@ -42,6 +45,9 @@ OVERLOAD_SETTLE_S = 1.0
 refusing the last arrivals' backlog."""
 CAPACITY_S = 2.0
 """Seconds measured by the quick closed loop that finds a capacity when its sweep did not run."""
+PARKED_DELAY_US = 600_000_000
+"""Mode ``refusals``: the fixed queue delay (µs) that keeps the parked request queued, longer
+than any point."""
 
 
 async def closed_unary(
@@ -175,7 +181,7 @@ async def _policy_restored(channel: grpc.aio.Channel, model: str) -> AsyncIterat
     try:
         yield
     finally:
-        await set_policy(channel, model, original.adaptive, original.max_queue_delay_us)
+        await set_policy(channel, model, original.adaptive, original.max_queue_delay_us, original.max_queue_size)
 
 
 async def _under_policies(
@@ -252,6 +258,53 @@ async def mixed_points(
 
     async for point in _under_policies(args, channel, model, run):
         yield point
+
+
+async def refusal_points(
+    args: argparse.Namespace, channel: grpc.aio.Channel, gen: LoadGenerator, server: ChildServer,
+    workload: Workload, raw: RawReference,
+) -> AsyncIterator[Point]:
+    """Mode ``refusals`` for one model (:mod:`.refusals`): per door of ``--protocol``, the closed
+    loop at the largest ``--concurrency`` answered in full, then the same loop with the model's
+    queue held full (:func:`_queue_held_full`), every call of it refused RESOURCE_EXHAUSTED
+    (HTTP 429) as a full queue refuses; over HTTP at ``server.http_url``."""
+    model = workload.spec.name
+    callers = max(args.concurrency)
+    count = max(len(workload.requests), callers + 1)
+    parked = workload.messages(1)[0]
+    for door in args.protocol:
+        async with contextlib.AsyncExitStack() as stack:
+            g, messages = gen, workload.messages(count)
+            if door == HTTP:
+                g = gen.over_http(await stack.enter_async_context(RestClient(server.http_url, callers)))
+                messages = workload.rest_requests(count)
+            for kind in (ANSWERED, REFUSED):
+                async with _queue_held_full(channel, model, parked) if kind == REFUSED else contextlib.nullcontext():
+                    window = await g.closed_unary(model, messages, callers)
+                connections = min(callers, g.connections) if door == HTTP else g.connections
+                yield to_point(model, LOOP_MODES[door][kind], callers, None, None, window, raw,
+                               connections=connections)
+                await asyncio.sleep(SETTLE_S)
+
+
+@contextlib.asynccontextmanager
+async def _queue_held_full(channel: grpc.aio.Channel, model: str, message: bytes) -> AsyncIterator[None]:
+    """The model's queue full for the block: ``max_queue_size`` 1 and a fixed queue delay of
+    :data:`PARKED_DELAY_US`, then ``message`` (a ModelInferRequest without a deadline of its
+    own) sent, so that it waits in the queue for a batch that never fills and every other
+    request finds the queue full. On exit the parked call is cancelled (it leaves the queue)
+    and the model's policy restored."""
+    async with _policy_restored(channel, model):
+        await set_policy(channel, model, False, PARKED_DELAY_US, max_queue_size=1)
+        call = channel.unary_unary(METHOD + "ModelInfer")(message)
+        try:
+            await asyncio.sleep(SETTLE_S)
+            if call.done():
+                raise RuntimeError(f"the request parked in the queue of '{model}' was answered "
+                                   f"({await call.code()}): the queue cannot be held full")
+            yield
+        finally:
+            call.cancel()
 
 
 def to_point(model: str, mode: str, load: float, fraction: float | None, timeout_us: int | None, window: Window,
