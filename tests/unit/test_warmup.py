@@ -18,7 +18,7 @@ from trtserve.clock import FakeClock
 from trtserve.config import BatchingPolicy
 from trtserve.datatypes import DATATYPES
 from trtserve.engine.model import EngineModel
-from trtserve.engine.warmup import SEARCH_CEILING
+from trtserve.engine.warmup import CHOICE_FLOOR, SEARCH_CEILING
 from trtserve.spec import ModelSpec, TensorSpec
 
 FP32 = DATATYPES["FP32"]
@@ -61,8 +61,8 @@ def batches_of(backend: FakeBackend) -> list[int]:
 
 async def test_the_choice_is_the_knee_of_the_measured_curve_and_the_model_reports_it(tmp_path):
     model, backend = await load(spec(tmp_path), knee_at_32)
-    # 64 rows does not beat 32 by more than 5 %: the search stops there.
-    assert batches_of(backend) == [1, 2, 4, 8, 16, 32, 64]
+    # Neither 64 nor 128 rows beats 32 by more than 5 %: the search stops after two such sizes.
+    assert batches_of(backend) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert model.spec.policy.max_batch_size == 32 and model.spec.config.max_batch_size == 32
     assert model.dispatcher.policy.max_batch_size == 32 and model.dispatcher.cap == 32
     assert model.spec.choose_batch_size and model.dispatcher.stats.batches == 0  # the warm-up is not traffic
@@ -87,7 +87,21 @@ async def test_without_a_bound_from_the_file_the_search_stops_at_the_ceiling(tmp
 async def test_a_slow_cheap_size_does_not_end_the_search(tmp_path):
     # Batches of 2 are slower than of 1 (say a busy moment), but short: the search goes on.
     model, backend = await load(spec(tmp_path), lambda rows: 0.004 if rows == 2 else knee_at_32(rows))
-    assert batches_of(backend) == [1, 2, 4, 8, 16, 32, 64] and model.spec.policy.max_batch_size == 32
+    assert batches_of(backend) == [1, 2, 4, 8, 16, 32, 64, 128] and model.spec.policy.max_batch_size == 32
+
+
+async def test_a_load_on_busy_cores_is_not_stuck_with_a_batch_of_one(tmp_path):
+    # Other work holds the cores while 1 and 2 rows are measured: both take over 50 ms and 2
+    # rows look no faster than one. One such size does not end the search.
+    busy = {1: 0.060, 2: 0.118}
+    model, backend = await load(spec(tmp_path), lambda rows: busy.get(rows) or knee_at_32(rows))
+    assert model.spec.policy.max_batch_size == 32
+
+
+async def test_a_curve_with_no_gain_still_gets_the_floor(tmp_path):
+    # Measured flat (rows/s the same at every size): the knee is 1, the choice the floor, 4.
+    model, backend = await load(spec(tmp_path), lambda rows: 0.060 * rows)
+    assert batches_of(backend) == [1, 2, 4] and model.spec.policy.max_batch_size == CHOICE_FLOOR == 4
 
 
 async def test_the_latency_budget_stops_the_search_and_bounds_the_choice(tmp_path):

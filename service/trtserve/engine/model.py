@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from trtserve.batching.dispatcher import Dispatcher
-from trtserve.batching.policy import knee
 from trtserve.clock import Clock
 from trtserve.datatypes import Tensors
-from trtserve.engine.warmup import KNEE_TOLERANCE, WARMUP_LENGTH, search_limit, warm_up
+from trtserve.engine import warmup
+from trtserve.engine.warmup import WARMUP_LENGTH, search_limit, warm_up
 from trtserve.handlers import has_handler
 from trtserve.ipc.admission import admit
 from trtserve.runtimes.base import Backend, batch_limit
@@ -71,7 +71,7 @@ class EngineModel:
 
         curve = await warm_up(self.dispatcher, feed, limit, search=choose)
         if choose:
-            chosen = knee(curve, self.spec.policy.latency_budget, KNEE_TOLERANCE) or limit
+            chosen = warmup.choose(curve, self.spec.policy.latency_budget) or limit
             policy = dataclasses.replace(self.spec.policy, max_batch_size=chosen)
             config = type(self.spec.config)()
             config.CopyFrom(self.spec.config)

@@ -16,7 +16,11 @@ elsewhere on the machine only adds time) over its runs in the search and one mor
 size measured after it; a cheap size runs again while its runs add up to less than
 :data:`SEARCH_SAMPLE_S` (at most :data:`SEARCH_MAX_RUNS` runs). The choice is the knee of that curve by the rule of
 ``adaptive_batch_size`` and ``trtserve profile`` (:func:`~trtserve.batching.policy.knee`):
-the smallest measured size within :data:`KNEE_TOLERANCE` of the best rows/s. Against a fixed
+the smallest measured size within :data:`KNEE_TOLERANCE` of the best rows/s, but not below
+:data:`CHOICE_FLOOR` rows where the file and the latency budget allow that many
+(:func:`choose`). A load while other work holds the cores measures every size slow and
+unevenly: on 2 busy cores minilm's search once chose 1 row where the quiet machine's knee is
+16-32, and a cap is never measured above itself again, so it would have stayed. Against a fixed
 ``max_batch_size`` the search costs a third run of every size and the sizes past the knee up to
 the first that does not beat it.
 """
@@ -28,6 +32,7 @@ from collections.abc import Callable
 
 from trtserve.batching.dispatcher import Dispatcher
 from trtserve.batching.latency import LatencyModel
+from trtserve.batching.policy import knee
 from trtserve.datatypes import Tensors
 
 WARMUP_LENGTH = 16
@@ -43,6 +48,11 @@ SEARCH_SAMPLE_S = 0.05
 :data:`SEARCH_MAX_RUNS` runs), and a batch faster than this never ends the search: one slow run
 of a cheap size must not stop it short of the knee."""
 SEARCH_MAX_RUNS = 8
+SEARCH_PATIENCE = 2
+"""The search stops after this many sizes in a row that do not beat the best smaller one."""
+CHOICE_FLOOR = 4
+"""The least batch size chosen where the file and the latency budget allow it: Triton's
+``default-max-batch-size`` (the cap its auto-complete gives a model that can batch)."""
 
 
 def batch_sizes(limit: int) -> list[int]:
@@ -80,6 +90,7 @@ async def warm_up(
     budget = min(dispatcher.policy.latency_budget, SEARCH_RUN_LIMIT_S)
     fastest: dict[int, float] = {}
     best = 0.0
+    misses = 0
     for rows in batch_sizes(limit):
         runs: list[float] = []
         while len(runs) < 2 or (search and len(runs) < SEARCH_MAX_RUNS and sum(runs) < SEARCH_SAMPLE_S):
@@ -92,8 +103,14 @@ async def warm_up(
         seconds = fastest[rows] = min(runs)
         if search:
             rate = rows / seconds if seconds > 0 else math.inf
-            if (rate <= (1 + KNEE_TOLERANCE) * best and seconds >= SEARCH_SAMPLE_S) or seconds > budget:
+            if seconds > budget:
                 break
+            if rate <= (1 + KNEE_TOLERANCE) * best and seconds >= SEARCH_SAMPLE_S:
+                misses += 1
+                if misses >= SEARCH_PATIENCE:
+                    break
+            else:
+                misses = 0
             best = max(best, rate)
     if search:
         # Once more, largest first: a busy moment elsewhere on the machine during one size's
@@ -103,3 +120,16 @@ async def warm_up(
             await dispatcher.submit([feed(rows)])
             fastest[rows] = min(fastest[rows], clock.now() - start)
     return fastest
+
+
+def choose(curve: dict[int, float], budget: float) -> int | None:
+    """The max_batch_size chosen from the warm-up's ``curve`` (batch size → fastest run,
+    seconds): its knee (:func:`~trtserve.batching.policy.knee`, within ``budget`` seconds a
+    batch), raised to :data:`CHOICE_FLOOR` where a measured size of at least that many rows fits
+    ``budget`` (the floor is then the smallest such size); ``None`` for a curve with no positive
+    time."""
+    chosen = knee(curve, budget, KNEE_TOLERANCE)
+    if chosen is None:
+        return None
+    floor = min((b for b, t in curve.items() if b >= CHOICE_FLOOR and t <= budget), default=chosen)
+    return max(chosen, floor)
