@@ -165,3 +165,25 @@ def test_without_a_hint_only_a_deadline_already_passed_is_refused():
     assert isinstance(shed(None, "m", 0, None, 1.0, 1.5), DeadlineUnmeetable)
     assert isinstance(shed(None, "m", 0, 0.0, math.inf, 1.5), DeadlineUnmeetable)
     assert shed(None, "m", 0, 0.1, math.inf, 1.5) is None
+
+
+def test_behind_a_queue_admission_reads_the_slow_end_and_an_idle_server_the_fast_end():
+    """A noisy engine: batches of one take 10 ms at the fast end, 30 ms typically. Behind a
+    queue the request must finish in time at the slow end (else the admitted queue is only
+    served in time by fast runs); on an idle server the fast end decides, as before."""
+    model = LatencyModel()
+    for seconds in (0.010, 0.030, 0.030, 0.030, 0.030, 0.030, 0.030, 0.030):
+        model.observe(1, seconds)
+    assert model.lower_bound(1) < 0.014
+    assert model.spread(1) > 2.0
+    idle = predict([], 1, 0.015, 1, 1, now=0.0, free_at=[0.0], cap=1, latency=model)
+    assert idle.refusal(0.015) is None  # a fast run makes it: admitted
+    queued = predict([entry(1, deadline=0.030)], 1, 0.040, 1, 1, now=0.0, free_at=[0.0], cap=1, latency=model)
+    assert queued.start == pytest.approx(model.lower_bound(1) * model.spread(1), rel=1e-6)  # 2 x mean - low
+    assert isinstance(queued.refusal(0.040), Overloaded)  # two fast runs would fit 40 ms, typical ones not
+    assert queued.refusal(queued.finish) is None
+
+
+def test_a_noiseless_engine_has_no_spread():
+    model = affine()
+    assert model.spread(1) == model.spread(8) == 1.0

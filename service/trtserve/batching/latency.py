@@ -133,6 +133,16 @@ class LatencyModel:
                 estimate = min(estimate, at if other > lb else at * lb / other)
         return estimate
 
+    def spread(self, rows: int, length: int = 1) -> float:
+        """How much slower than its low estimate a batch of ``rows`` rows padded to ``length``
+        typically runs at the slow end: ``(2·mean − low) / low``, at least 1. The low estimate sits
+        near the ``rise / (1 + rise)`` quantile (about the 2nd percentile at the default
+        ``rise``), so for run-time noise symmetric about the mean ``2·mean − low`` sits near the
+        98th; 1 before anything is measured, or on a noiseless engine."""
+        low = self.lower_bound(rows, length)
+        mean = self.predict(rows, length)
+        return max((2 * mean - low) / low, 1.0) if low > 0 else 1.0
+
     def _estimate(self, rows: int, length: int, column: int, *, scale_up: bool) -> float:
         if not self._lengths:
             return self._seed

@@ -303,8 +303,8 @@ class TrtServeCollector:
         )
         drain = GaugeMetricFamily(
             "trtserve_queue_drain_seconds",
-            "Predicted time until every queued row and running batch is done, at the latency model's low estimate "
-            "(what admission compares with deadlines).",
+            "Predicted time until every queued row and running batch is done, at the slow end of the measured run "
+            "times (what admission compares with deadlines behind a queue).",
             labels=VERSIONED,
         )
         host = GaugeMetricFamily(
