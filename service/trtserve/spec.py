@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,12 @@ class TensorSpec:
     def shape(self, batched: bool) -> list[int]:
         """The shape clients see in ModelMetadata: ``[-1, *dims]`` for a batched model."""
         return [-1, *self.dims] if batched else list(self.dims)
+
+    @cached_property
+    def fixed(self) -> bool:
+        """Every dimension is a fixed size >= 1 (no -1), so a request's shape is valid exactly
+        when it equals :attr:`dims` (after the batch size, for a batched model)."""
+        return all(d >= 1 for d in self.dims)
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,15 @@ class ModelSpec:
 
     def input(self, name: str) -> TensorSpec | None:
         """The client-facing input called ``name``, or ``None`` if the model has none."""
-        return next((t for t in self.inputs if t.name == name), None)
+        return self._inputs_by_name.get(name)
+
+    @cached_property
+    def _inputs_by_name(self) -> dict[str, TensorSpec]:
+        # Looked up for every input of every request: a dict, built once (the first of a name wins).
+        by_name: dict[str, TensorSpec] = {}
+        for t in self.inputs:
+            by_name.setdefault(t.name, t)
+        return by_name
 
     def output(self, name: str) -> TensorSpec | None:
         """The client-facing output called ``name``, or ``None`` if the model has none."""

@@ -186,6 +186,12 @@ def test_a_shape_the_model_does_not_take_is_refused_naming_the_tensor_and_both_s
     assert all(w in message for w in words), message
 
 
+def test_a_variable_dimension_sent_as_minus_one_is_refused():
+    # -1 in the config marks a variable size; a request must send the size it has.
+    message = refusal(raw_request(("X", "FP32", [1, -1], b"")), spec(("X", "FP32", (-1,))))
+    assert "input 'X' has a negative dimension in shape [1, -1]" in message, message
+
+
 def test_an_oversized_batch_is_accepted_where_the_dispatcher_splits_it():
     x = np.arange(27, dtype=np.float32)
     tensors, rows = codec.decode_inputs(raw_request(("X", "FP32", [9, 3], x.tobytes())), spec(("X", "FP32", (3,))))

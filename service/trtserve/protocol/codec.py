@@ -153,6 +153,15 @@ def _check_datatype(name: str, got: str, expected: Datatype) -> None:
 
 
 def _check_shape(name: str, shape: list[int], expected: TensorSpec, spec: ModelSpec) -> list[int]:
+    # The common case first, in a few comparisons: fixed dims, matched exactly, a batch size in
+    # range. Any other shape (variable dims, or one to refuse) takes the checks below.
+    if expected.fixed and math.prod(shape) <= MAX_ELEMENTS:
+        if spec.batched:
+            if (len(shape) == len(expected.dims) + 1 and 0 < shape[0] <= spec.policy.max_batch_size
+                    and tuple(shape[1:]) == expected.dims):
+                return shape
+        elif tuple(shape) == expected.dims:
+            return shape
     want = expected.shape(spec.batched)
     if len(shape) != len(want):
         hint = ""

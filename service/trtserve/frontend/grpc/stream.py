@@ -17,14 +17,14 @@ their rows leave the engine core's queue.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
-from functools import partial
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.errors import ShuttingDown, TrtServeError
 from trtserve.frontend.grpc.status import stream_error
 from trtserve.frontend.inflight import GRACE_EXPIRED, InflightGate
+from trtserve.frontend.state import FrontendState
 
 
 class StreamOwner(Protocol):
@@ -35,21 +35,25 @@ class StreamOwner(Protocol):
     stream_inflight: int
     wake_streams: set[asyncio.Queue[Any]]
 
-    def deadline_of(self, context: Any) -> float:
-        """The call's gRPC deadline, monotonic seconds (shared by every message of the stream)."""
+    @property
+    def state(self) -> FrontendState:
+        """The front end's request path (:meth:`FrontendState.answer
+        <trtserve.frontend.state.FrontendState.answer>` answers each message)."""
         ...
 
-    async def answer(self, request: pb.ModelInferRequest, deadline: float,
-                     refusal: TrtServeError | None) -> pb.ModelInferResponse:
-        """Answer one message, or raise the error its stream message carries."""
+    def deadline_of(self, context: Any) -> float:
+        """The call's gRPC deadline, monotonic seconds (shared by every message of the stream)."""
         ...
 
 
 async def serve_stream(
     service: StreamOwner, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
-) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
-    """The responses of one ``ModelStreamInfer`` call (see the module docstring)."""
+) -> None:
+    """Answer one ``ModelStreamInfer`` call (see the module docstring), each response written
+    with ``context.write`` (grpc.aio's writer API: no async generator between the outbox and
+    the transport); returns when the stream is done."""
     admission = service.inflight
+    answer_one = service.state.answer
     # None: the reader is done, or a drain began (look again at draining).
     outbox: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
     slots = asyncio.Semaphore(service.stream_inflight)
@@ -62,7 +66,7 @@ async def serve_stream(
     async def answer(request: pb.ModelInferRequest, refusal: TrtServeError | None) -> None:
         nonlocal unanswered
         try:
-            response = await service.answer(request, deadline, refusal)
+            response = await answer_one(request, deadline, refusal)
             message = pb.ModelStreamInferResponse(infer_response=response)
         except TrtServeError as exc:
             message = stream_error(request, exc)
@@ -73,10 +77,14 @@ async def serve_stream(
         unanswered -= 1
         outbox.put_nowait(message)  # its in-flight slot is released once it is written
 
-    def finished(task: asyncio.Task[None], *, admitted: bool) -> None:
+    def finished_refused(task: asyncio.Task[None]) -> None:
         pending.discard(task)
-        if admitted:
-            admission.release(task)
+
+    def finished_admitted(task: asyncio.Task[None]) -> None:
+        pending.discard(task)
+        admission.release(task)
+
+    loop = asyncio.get_running_loop()
 
     async def read() -> None:
         nonlocal unanswered, reading
@@ -85,12 +93,13 @@ async def serve_stream(
                 await slots.acquire()
                 unanswered += 1
                 refusal = admission.admit()
-                admitted = refusal is None
-                task = asyncio.ensure_future(answer(request, refusal))
-                if admitted:
-                    admission.track(task)
+                task = loop.create_task(answer(request, refusal))
                 pending.add(task)
-                task.add_done_callback(partial(finished, admitted=admitted))
+                if refusal is None:
+                    admission.track(task)
+                    task.add_done_callback(finished_admitted)
+                else:
+                    task.add_done_callback(finished_refused)
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
         finally:
@@ -103,7 +112,7 @@ async def serve_stream(
         while True:
             message = await outbox.get()
             if message is not None:
-                yield message
+                await context.write(message)
                 slots.release()
             elif not reading:
                 await reader  # re-raise a read error (a broken stream)
