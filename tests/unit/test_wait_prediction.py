@@ -184,6 +184,13 @@ def test_behind_a_queue_admission_reads_the_slow_end_and_an_idle_server_the_fast
     assert queued.refusal(queued.finish) is None
 
 
-def test_a_noiseless_engine_has_no_spread():
+def test_the_spread_is_none_on_a_noiseless_engine_and_bounded_after_a_fast_outlier():
     model = affine()
     assert model.spread(1) == model.spread(8) == 1.0
+    model = LatencyModel()
+    model.observe(1, 1e-4)  # an instant warm-up, then 200 ms batches: the low estimate lags far behind
+    model.observe(1, 1e-4)
+    for _ in range(10):
+        model.observe(1, 0.2)
+    assert model.lower_bound(1) < model.predict(1) / 5
+    assert model.spread(1) == 3.0  # the latency model's clip, not (2 x mean - low) / low

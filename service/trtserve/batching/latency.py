@@ -138,10 +138,13 @@ class LatencyModel:
         typically runs at the slow end: ``(2·mean − low) / low``, at least 1. The low estimate sits
         near the ``rise / (1 + rise)`` quantile (about the 2nd percentile at the default
         ``rise``), so for run-time noise symmetric about the mean ``2·mean − low`` sits near the
-        98th; 1 before anything is measured, or on a noiseless engine."""
+        98th; 1 before anything is measured, or on a noiseless engine. At most ``clip``: the
+        low estimate may lag far below the mean (it rises only ``rise`` of the gap a sample, so
+        after an instant warm-up, or one very fast run, it stays near zero for dozens of
+        batches), and a run slower than ``clip`` times the estimate counts as an outlier anyway."""
         low = self.lower_bound(rows, length)
         mean = self.predict(rows, length)
-        return max((2 * mean - low) / low, 1.0) if low > 0 else 1.0
+        return min(max((2 * mean - low) / low, 1.0), self._clip) if low > 0 else 1.0
 
     def _estimate(self, rows: int, length: int, column: int, *, scale_up: bool) -> float:
         if not self._lengths:

@@ -43,7 +43,8 @@ is free). An idle server needs ``now + run``: a deadline before that is hopeless
   admitted only if it also finishes in time at the slow end of the measured run times: every
   time after ``now`` above (the running batches' ends, the work ahead, its own run) scaled by
   :meth:`~trtserve.batching.latency.LatencyModel.spread` at a full batch, about the 98th
-  percentile over the 2nd; a deadline before that is :class:`~trtserve.errors.Overloaded`
+  percentile over the 2nd (at most the latency model's clip, 3); a deadline before that is
+  :class:`~trtserve.errors.Overloaded`
   (RESOURCE_EXHAUSTED: retry elsewhere). Admitting on the fast end alone fills the queue up to
   where only a fast run makes every deadline; a typical run then finishes late, and under
   overload the queue stays at that limit, so most answers came late: on the simulator with a
