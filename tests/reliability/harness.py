@@ -215,7 +215,8 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01) -> bool:
 
 # The gate model: like the probe, but every batch of real rows (ids >= 1; the warm-up's are
 # zeros) first appends its row ids to ``log_file`` as one line, then waits until ``gate_file``
-# exists (at most ``gate_limit_s``, a safety net), then sleeps ``batch_ms``. A test holds the
+# exists (at most ``gate_limit_s``, a safety net), then sleeps ``batch_ms``; a warm-up batch
+# sleeps ``warmup_ms`` (what the server measures a batch to take: its queue hints' horizon). A test holds the
 # running batch for as long as it needs (the queue fills behind it, a client goes away), then
 # opens the gate: ordering by events, not by how long a batch takes on a busy machine.
 GATE = '''
@@ -232,10 +233,13 @@ GATE = '''
             self.gate_file = p["gate_file"]
             self.limit_s = float(p.get("gate_limit_s", 60))
             self.batch_s = float(p.get("batch_ms", 0)) / 1000
+            self.warmup_s = float(p.get("warmup_ms", 0)) / 1000
 
         def predict(self, inputs):
             x = inputs["INPUT0"]
-            if np.count_nonzero(x):
+            if not np.count_nonzero(x):
+                time.sleep(self.warmup_s)
+            else:
                 ids = [float(v) for v in x.reshape(len(x), -1)[:, 0]]
                 with open(self.log_file, "a") as f:
                     f.write(" ".join(map(repr, ids)) + "\\n")

@@ -6,9 +6,18 @@ ping policy, which accepts pings every 5 s or more and here is lowered to 500 ms
 under gRPC's own default (pings no more often than every 5 minutes without data) the same
 client's call ends UNAVAILABLE "too many pings". The second case is what makes the first one
 mean something: the client really pings faster than the server would otherwise allow.
+
+grpc core refuses such pings without telling the Python server (no callback, no log line below
+its debug traces), so ``trtserve serve`` states the policy in force in one start-up line instead,
+as text or JSON: a real server started with a strict policy logs it once (with two front ends
+too), and a pinging client's call ends as that line says.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import re
 
 import grpc
 import numpy as np
@@ -18,6 +27,7 @@ from integration.helpers import write_slow
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.frontend.grpc.server import Keepalive
+from trtserve.tools.child_server import ServerProcess
 
 PINGING_CLIENT = [
     ("grpc.keepalive_time_ms", 1000),
@@ -68,3 +78,30 @@ def test_the_default_policy_accepts_pings_every_5_s():
 def test_a_keepalive_setting_out_of_range_is_refused_naming_it(field, value):
     with pytest.raises(ValueError, match=field):
         Keepalive(**{field: value})
+
+
+@pytest.mark.parametrize("frontends, log_format", [(1, "json"), (2, "text")])
+def test_the_start_up_log_states_the_ping_policy_a_pinging_client_meets(slow_repo, frontends, log_format):
+    strict = ("--grpc-http2-min-recv-ping-interval-without-data", "300000", "--grpc-http2-max-ping-strikes", "1")
+    env = {**os.environ, "TRTSERVE_LOG_FORMAT": log_format}
+    with ServerProcess(slow_repo, "--frontends", str(frontends), *strict, env=env) as srv:
+        with grpc.insecure_channel(srv.url, options=PINGING_CLIENT) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ModelInfer(request(3.0), timeout=60)
+        lines = list(srv.output)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "too many pings" in (err.value.details() or "").lower()
+    said = [line for line in lines if "gRPC ping policy" in line]
+    assert len(said) == 1, said  # once per server, whatever the front-end count
+    if log_format == "json":
+        record = json.loads(said[0])
+        assert record["level"] == "INFO" and record["logger"] == "trtserve"
+        assert record["ping_policy"]["min_recv_ping_interval_without_data_ms"] == 300000
+        assert record["ping_policy"]["max_ping_strikes"] == 1
+        message = record["message"]
+    else:
+        assert re.match(r"^\d{4}-\d\d-\d\d [\d:,]+ INFO trtserve: gRPC ping policy", said[0]), said[0]
+        message = said[0]
+    assert "every 300000 ms or more while no data flows (--grpc-http2-min-recv-ping-interval-without-data)" in message
+    assert "once more than 1 come sooner (--grpc-http2-max-ping-strikes" in message
+    assert "GOAWAY ENHANCE_YOUR_CALM 'too_many_pings'" in message and "'Too many pings'" in message

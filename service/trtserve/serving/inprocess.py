@@ -10,7 +10,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from trtserve.serving.ports import PortClaim
-from trtserve.serving.settings import ServeConfig, announcer
+from trtserve.serving.settings import ServeConfig, announcer, log_ping_policy
 
 log = logging.getLogger("trtserve")
 
@@ -45,6 +45,7 @@ async def serve_in_process(config: ServeConfig) -> int:
               (("gRPC", config.port, port), ("HTTP", config.http_port, doors.http_port)) if asked == 0 and bound]
     announce = announcer(config)
     announce(f"trtserve bound {config.host}:{port}, loading models")
+    log_ping_policy(config)
     if doors.http_port is not None:
         announce(f"trtserve HTTP on {config.host}:{doors.http_port}")
     if core.metrics is not None:

@@ -11,7 +11,7 @@ import ctypes
 import logging
 import os
 import signal
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,16 @@ def die_with_parent() -> None:
         return
     if os.getppid() == 1:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def log_ping_policy(config: ServeConfig) -> None:
+    """Log the gRPC keepalive and ping policy in effect, once per server, as one line
+    (:meth:`Keepalive.describe <trtserve.frontend.grpc.server.Keepalive.describe>`; with
+    ``--log-format json`` its numbers are also the record's ``ping_policy`` field)."""
+    from trtserve.frontend.grpc.server import Keepalive
+
+    keepalive = config.frontend.get("keepalive") or Keepalive()
+    log.info("%s", keepalive.describe(), extra={"ping_policy": asdict(keepalive)})
 
 
 def announcer(config: ServeConfig) -> Any:

@@ -44,7 +44,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from trtserve.serving.ports import PortClaim, PortInUse, claim_ports
-from trtserve.serving.settings import ServeConfig, announcer
+from trtserve.serving.settings import ServeConfig, announcer, log_ping_policy
 
 log = logging.getLogger("trtserve")
 
@@ -158,6 +158,7 @@ class Supervisor:
         if not config.port:
             self.claims.append(PortClaim(config.host, self.port, "gRPC"))
         self._announce(f"trtserve bound {config.host}:{self.port}, loading models")
+        log_ping_policy(config)
         if self.http_port is not None:
             self._announce(f"trtserve HTTP on {config.host}:{self.http_port}")
         if metrics_port is not None:

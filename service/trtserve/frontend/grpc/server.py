@@ -71,6 +71,29 @@ class Keepalive:
             ("grpc.http2.max_ping_strikes", self.max_ping_strikes),
         ]
 
+    def describe(self) -> str:
+        """The policy in one sentence for the start-up log, naming the flag behind each number.
+
+        It says what a refusal looks like, because trtserve cannot log one when it happens:
+        grpc core ends the connection (GOAWAY ENHANCE_YOUR_CALM ``too_many_pings``) without
+        telling the Python server, and its only record of it is a debug trace
+        (``GRPC_TRACE=http``, or ``http_keepalive``'s per-ping lines) that also writes a line per
+        call (docs/guide/operating.md, "Keepalive").
+        """
+        idle = ("also with no call in progress" if self.permit_without_calls
+                else "with no call in progress any ping within 2 h is a strike")
+        if self.max_ping_strikes:
+            refusal = (f"once more than {self.max_ping_strikes} come sooner (--grpc-http2-max-ping-strikes) it ends "
+                       "the connection with GOAWAY ENHANCE_YOUR_CALM 'too_many_pings' (the client's calls end "
+                       "UNAVAILABLE 'Too many pings'; gRPC does not tell trtserve, which logs nothing then)")
+        else:
+            refusal = "faster ones are never refused (--grpc-http2-max-ping-strikes 0)"
+        return (f"gRPC ping policy: client pings accepted every {self.min_recv_ping_interval_without_data_ms} ms "
+                f"or more while no data flows (--grpc-http2-min-recv-ping-interval-without-data), {idle} "
+                f"(--grpc-keepalive-permit-without-calls {str(self.permit_without_calls).lower()}); {refusal}; "
+                f"the server pings an idle connection every {self.time_ms} ms (--grpc-keepalive-time) and closes "
+                f"it when a ping goes {self.timeout_ms} ms unanswered (--grpc-keepalive-timeout)")
+
 
 async def start_frontend(
     engine: Engine,
