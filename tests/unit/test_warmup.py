@@ -104,6 +104,13 @@ async def test_a_curve_with_no_gain_still_gets_the_floor(tmp_path):
     assert batches_of(backend) == [1, 2, 4] and model.spec.policy.max_batch_size == CHOICE_FLOOR == 4
 
 
+async def test_the_search_does_not_start_a_batch_predicted_past_the_load_time_bound(tmp_path):
+    # 100 ms + 50 ms a row: 4 rows take 0.3 s, so 8 would take up to 0.6 s at 4's time per row,
+    # past SEARCH_RUN_LIMIT_S (0.5 s): not run, though it would still have been faster per row.
+    model, backend = await load(spec(tmp_path), lambda rows: 0.100 + 0.050 * rows)
+    assert batches_of(backend) == [1, 2, 4] and model.spec.policy.max_batch_size == 4
+
+
 async def test_the_latency_budget_stops_the_search_and_bounds_the_choice(tmp_path):
     model, backend = await load(spec(tmp_path, budget_s=0.025), knee_at_32)
     assert batches_of(backend) == [1, 2, 4, 8, 16, 32]  # 32 rows take 32 ms, past the 25 ms budget

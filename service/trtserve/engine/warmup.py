@@ -6,11 +6,12 @@ selection, a cold cache) and does not enter the latency model; the others seed t
 the dispatcher starts from.
 
 **Choosing max_batch_size** (:attr:`~trtserve.spec.ModelSpec.choose_batch_size`): the sizes double
-from 1 until throughput stops growing: until the first size whose rows/s is not more than
-:data:`KNEE_TOLERANCE` above the best smaller size (among sizes whose batch takes at least
+from 1 until throughput stops growing: until :data:`SEARCH_PATIENCE` sizes in a row whose rows/s
+is not more than :data:`KNEE_TOLERANCE` above the best smaller size (among sizes whose batch takes at least
 :data:`SEARCH_SAMPLE_S`: the cheap sizes are always measured, so one slow run of one of them
 cannot end the search), or whose batch takes longer than the ``latency_budget_us`` parameter or
-:data:`SEARCH_RUN_LIMIT_S`, or the model file's limit (:func:`~trtserve.runtimes.base.batch_limit`;
+:data:`SEARCH_RUN_LIMIT_S` (or would, at the last size's time per row), or the model file's limit
+(:func:`~trtserve.runtimes.base.batch_limit`;
 :data:`SEARCH_CEILING` where the file sets none). Each size's time is its fastest run (noise from
 elsewhere on the machine only adds time) over its runs in the search and one more run of every
 size measured after it; a cheap size runs again while its runs add up to less than
@@ -41,8 +42,10 @@ KNEE_TOLERANCE = 0.05
 """A larger batch counts as faster only above this share more rows/s (the knee rule's tolerance)."""
 SEARCH_CEILING = 1024
 """The most rows the choice searches where the model file does not bound the batch axis."""
-SEARCH_RUN_LIMIT_S = 1.0
-"""The search stops after a batch that ran longer than this (seconds): the load-time bound."""
+SEARCH_RUN_LIMIT_S = 0.5
+"""The load-time bound (seconds): the search stops after a batch that ran longer than this, and
+does not start a size whose batch would take longer at the last size's time per row (run time
+grows with rows no faster than in proportion: the prediction is high, never low)."""
 SEARCH_SAMPLE_S = 0.05
 """While searching, a size runs again while its runs add up to less than this (seconds; at most
 :data:`SEARCH_MAX_RUNS` runs), and a batch faster than this never ends the search: one slow run
@@ -92,6 +95,10 @@ async def warm_up(
     best = 0.0
     misses = 0
     for rows in batch_sizes(limit):
+        if search and fastest:
+            last = max(fastest)
+            if fastest[last] * rows / last > SEARCH_RUN_LIMIT_S:
+                break
         runs: list[float] = []
         while len(runs) < 2 or (search and len(runs) < SEARCH_MAX_RUNS and sum(runs) < SEARCH_SAMPLE_S):
             # The first run of a shape goes to a throwaway model: it pays the first-run costs.
