@@ -126,7 +126,7 @@ class LatencyModel:
         lb = bucket(length)
         points = self._points.get(lb)
         if points is not None:
-            estimate = min([estimate, *(p[LOW] for p in points if p[0] >= rows)])
+            estimate = min(estimate, min((p[LOW] for p in points if p[0] >= rows), default=estimate))
         for other in self._lengths:
             if other != lb:
                 at = _interpolate(self._points[other], max(rows, 1), LOW)
