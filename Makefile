@@ -8,7 +8,7 @@ GEN := service/trtserve/_proto
 PROTOS := $(wildcard protos/inference/*.proto protos/trtserve/v1/*.proto)
 DATA ?= ../shared/data
 
-.PHONY: setup protos engine serve demo test lint docs reliability bench loadgen clients clean fuzz soak image
+.PHONY: setup protos engine serve demo demo-data test lint docs reliability bench loadgen clients clean fuzz soak image
 
 ## setup: create .venv with the server, export and dev extras (CPU builds; no GPU needed)
 setup: $(VENV)/.installed
@@ -41,7 +41,10 @@ serve: engine
 	$(PY) -m trtserve serve --model-repository engines --port $(PORT)
 
 ## demo: the main job on real data — STS-B dev through the live server, then a corpus embed
-demo: engine
+demo: demo-data engine
+# The data check first: a clone away from ../shared learns it before the set-up and build.
+demo-data:
+	@test -f $(DATA)/stsb/dev.tsv || { echo "make demo: no $(DATA)/stsb/dev.tsv; pass DATA=<the shared data directory> (stsb/, corpus/)" >&2; exit 2; }
 	$(PY) -m trtserve demo --model-repository engines --data $(DATA)
 
 ## test: the rules (ruff; the import contracts in pyproject.toml), then the whole test suite (the command CI runs);

@@ -134,6 +134,11 @@ def run(args: argparse.Namespace) -> int:
 
     data: Path = args.data
     corpus_path = args.corpus or data / "corpus" / "multi30k_en_captions.jsonl.gz"
+    missing = [str(p) for p in (data / "stsb" / "dev.tsv", corpus_path) if not p.is_file()]
+    if missing:
+        print(f"trtserve demo: data not found: {', '.join(missing)}; pass --data (make demo DATA=...) "
+              "with the shared data directory (stsb/dev.tsv, corpus/multi30k_en_captions.jsonl.gz)", file=sys.stderr)
+        return 2
     first, second, gold = read_stsb(data / "stsb" / "dev.tsv")
     corpus = read_corpus(corpus_path, args.count)
 
