@@ -6,6 +6,7 @@ shows (the served spec's policy and config, the dispatcher)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from pathlib import Path
 
@@ -123,6 +124,16 @@ async def test_an_explicit_max_batch_size_is_kept_and_warmed_up_to(tmp_path):
     assert backend.sizes() == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]  # each twice: one unmeasured, one measured
     assert model.spec.policy.max_batch_size == 16 and model.dispatcher.policy.max_batch_size == 16
     assert model.dispatcher.latency.top_rows(16) == 16
+
+
+async def test_the_warm_up_does_not_wait_out_a_fixed_queue_delay_and_leaves_the_policy_as_configured(tmp_path):
+    # Triton's fixed timer at 6 s: each warm-up size below the cap once waited it out (48 s a load).
+    fixed = spec(tmp_path, 16, choose=False)
+    policy = dataclasses.replace(fixed.policy, max_queue_delay=6.0, adaptive=False)
+    model, backend = await load(dataclasses.replace(fixed, policy=policy), knee_at_32)
+    assert backend.sizes() == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]
+    assert model.clock.now() - 1000.0 < 1.0  # the fake clock starts at 1000 s: ten runs of 20 ms, no 6 s window
+    assert model.dispatcher.policy == policy
 
 
 @pytest.mark.parametrize(("curve", "budget", "expected"), [

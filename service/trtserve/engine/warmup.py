@@ -28,6 +28,7 @@ the first that does not beat it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -88,45 +89,52 @@ async def warm_up(
     Raises:
         TrtServeError: a warm-up batch failed (the model then does not load, with that reason).
     """
-    clock = dispatcher.clock
-    seeded = LatencyModel()
-    budget = min(dispatcher.policy.latency_budget, SEARCH_RUN_LIMIT_S)
-    fastest: dict[int, float] = {}
-    best = 0.0
-    misses = 0
-    for rows in batch_sizes(limit):
-        if search and fastest:
-            last = max(fastest)
-            if fastest[last] * rows / last > SEARCH_RUN_LIMIT_S:
-                break
-        runs: list[float] = []
-        while len(runs) < 2 or (search and len(runs) < SEARCH_MAX_RUNS and sum(runs) < SEARCH_SAMPLE_S):
-            # The first run of a shape goes to a throwaway model: it pays the first-run costs.
-            dispatcher.latency = seeded if runs else LatencyModel()
-            start = clock.now()
-            await dispatcher.submit([feed(rows)])
-            runs.append(clock.now() - start)
-        dispatcher.latency = seeded
-        seconds = fastest[rows] = min(runs)
-        if search:
-            rate = rows / seconds if seconds > 0 else math.inf
-            if seconds > budget:
-                break
-            if rate <= (1 + KNEE_TOLERANCE) * best and seconds >= SEARCH_SAMPLE_S:
-                misses += 1
-                if misses >= SEARCH_PATIENCE:
+    # Each warm-up batch goes at once: under the model's fixed queue delay every size below the
+    # cap would wait that long (a 6 s window made a load take 48 s).
+    policy = dispatcher.policy
+    dispatcher.set_policy(dataclasses.replace(policy, max_queue_delay=0.0, adaptive=False))
+    try:
+        clock = dispatcher.clock
+        seeded = LatencyModel()
+        budget = min(dispatcher.policy.latency_budget, SEARCH_RUN_LIMIT_S)
+        fastest: dict[int, float] = {}
+        best = 0.0
+        misses = 0
+        for rows in batch_sizes(limit):
+            if search and fastest:
+                last = max(fastest)
+                if fastest[last] * rows / last > SEARCH_RUN_LIMIT_S:
                     break
-            else:
-                misses = 0
-            best = max(best, rate)
-    if search:
-        # Once more, largest first: a busy moment elsewhere on the machine during one size's
-        # runs is unlikely to hit it again.
-        for rows in sorted(fastest, reverse=True):
-            start = clock.now()
-            await dispatcher.submit([feed(rows)])
-            fastest[rows] = min(fastest[rows], clock.now() - start)
-    return fastest
+            runs: list[float] = []
+            while len(runs) < 2 or (search and len(runs) < SEARCH_MAX_RUNS and sum(runs) < SEARCH_SAMPLE_S):
+                # The first run of a shape goes to a throwaway model: it pays the first-run costs.
+                dispatcher.latency = seeded if runs else LatencyModel()
+                start = clock.now()
+                await dispatcher.submit([feed(rows)])
+                runs.append(clock.now() - start)
+            dispatcher.latency = seeded
+            seconds = fastest[rows] = min(runs)
+            if search:
+                rate = rows / seconds if seconds > 0 else math.inf
+                if seconds > budget:
+                    break
+                if rate <= (1 + KNEE_TOLERANCE) * best and seconds >= SEARCH_SAMPLE_S:
+                    misses += 1
+                    if misses >= SEARCH_PATIENCE:
+                        break
+                else:
+                    misses = 0
+                best = max(best, rate)
+        if search:
+            # Once more, largest first: a busy moment elsewhere on the machine during one size's
+            # runs is unlikely to hit it again.
+            for rows in sorted(fastest, reverse=True):
+                start = clock.now()
+                await dispatcher.submit([feed(rows)])
+                fastest[rows] = min(fastest[rows], clock.now() - start)
+        return fastest
+    finally:
+        dispatcher.set_policy(policy)
 
 
 def choose(curve: dict[int, float], budget: float) -> int | None:
