@@ -49,7 +49,7 @@ class FrontendModel:
 
     async def infer(
         self, inputs: Tensors, *, version: str | None = None, priority: int = 0, timeout: float | None = None,
-        deadline: float = math.inf,
+        deadline: float = math.inf, received: float | None = None,
     ) -> tuple[Tensors, float, str]:
         """Run one request through pre-processing, the engine core and post-processing.
 
@@ -61,6 +61,8 @@ class FrontendModel:
             priority: the ``priority`` parameter (1 is the most urgent; 0 for the default).
             timeout: the ``timeout`` parameter in seconds, or ``None``.
             deadline: the gRPC deadline, monotonic seconds (``math.inf``: none).
+            received: when the front end read the request, monotonic seconds: the
+                ``timeout`` counts from it (``None``: from its admission in the engine core).
 
         Returns:
             (outputs, deadline, version): output name → array (batch on axis 0 for a batched
@@ -80,7 +82,7 @@ class FrontendModel:
             segments = [{name: arr[np.newaxis] for name, arr in inputs.items()}]
         outputs, resolved, answered = await self.engine.infer(
             self.spec.name, self.spec.version if version is None else version, segments,
-            priority=priority, timeout=timeout, deadline=deadline,
+            priority=priority, timeout=timeout, deadline=deadline, received=received,
         )
         if self.handler is not None:
             return await self._on_pool(self.handler.postprocess, inputs, outputs), resolved, answered

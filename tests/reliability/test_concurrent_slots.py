@@ -128,7 +128,8 @@ def test_a_request_split_over_two_slots_is_gathered_in_row_order_when_its_last_r
     pieces = {tuple(sorted(ids)): (start, end) for start, end, ids in batches}
     assert sorted(pieces) == [(1.0, 2.0, 3.0, 4.0), (5.0, 6.0)], pieces  # split at max_batch_size
     assert sorted(logged_ids(probe(srv)) + logged_ids(probe(srv, slot=1))) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
-    (first_start, first_end), (last_start, last_end) = pieces[1.0, 2.0, 3.0, 4.0], pieces[5.0, 6.0]
+    (_first_start, first_end), (_last_start, last_end) = pieces[1.0, 2.0, 3.0, 4.0], pieces[5.0, 6.0]
     assert len(probe(srv).log) == len(probe(srv, slot=1).log) == 1  # one piece on each slot
-    assert first_start < last_end and last_start < first_end  # side by side, on the two slots
-    assert last_end < first_end  # the last rows came back first
+    # The last rows came back first (whether the two pieces overlapped in time is up to the OS's
+    # scheduling of the slot threads on a loaded machine; which rows finish first is not).
+    assert last_end < first_end

@@ -48,7 +48,7 @@ HINT = QueueHint(0.002, BatchingPolicy(max_batch_size=8, default_queue=QueuePoli
                  ((1, 13.0, 13.1),), ((1, 14.0),))
 SAMPLES = [
     Hello(4242, 3),
-    Infer(7, "minilm", "", 2, 0.25, math.inf, ((("TEXT", "BYTES", (2, 1)),),)),
+    Infer(7, "minilm", "", 2, 0.25, math.inf, 12.5, ((("TEXT", "BYTES", (2, 1)),),)),
     Cancel(7),
     Records(5, (Outcome("tiny", "OK", 0.004, None, False), Outcome("_unknown", "NOT_FOUND", 0.0001, None, False),
                 Outcome("tiny", "RESOURCE_EXHAUSTED", 0.0002, "queue_full", False)), {"tiny": 2}),

@@ -14,7 +14,7 @@ from trtserve.batching.queue import QueueEntry, RequestQueue
 from trtserve.batching.wait import batch_floor, deadline_batch, fill, predict, queue_hint
 from trtserve.config import BatchingPolicy, QueuePolicy
 from trtserve.errors import DeadlineUnmeetable, Overloaded, QueueFull
-from trtserve.ipc.admission import QueueHint, shed
+from trtserve.ipc.admission import QueueHint, admit, shed
 
 
 def affine(a: float = 0.010, b: float = 0.001, cap: int = 8) -> LatencyModel:
@@ -165,6 +165,16 @@ def test_without_a_hint_only_a_deadline_already_passed_is_refused():
     assert isinstance(shed(None, "m", 0, None, 1.0, 1.5), DeadlineUnmeetable)
     assert isinstance(shed(None, "m", 0, 0.0, math.inf, 1.5), DeadlineUnmeetable)
     assert shed(None, "m", 0, 0.1, math.inf, 1.5) is None
+
+
+def test_the_timeout_parameter_counts_from_when_the_front_end_read_the_request():
+    # Read at 1.0 with a 100 ms timeout, checked at 1.15 (after the handler's pre-processing,
+    # say): already late, with or without a hint; counted from the check it would pass.
+    assert isinstance(shed(None, "m", 0, 0.1, math.inf, 1.15, received=1.0), DeadlineUnmeetable)
+    hint = QueueHint(0.001, BatchingPolicy(), 0.0)
+    assert isinstance(hint.refusal("m", 0, 0.1, math.inf, 1.15, received=1.0), DeadlineUnmeetable)
+    assert hint.refusal("m", 0, 0.1, math.inf, 1.15) is None
+    assert admit(BatchingPolicy(), 0, 0.1, math.inf, 1.0)[1] == pytest.approx(1.1)
 
 
 def test_behind_a_queue_admission_reads_the_slow_end_and_an_idle_server_the_fast_end():

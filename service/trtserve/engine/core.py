@@ -199,7 +199,8 @@ class EngineCore:
         try:
             served = self.registry.get(infer.model, infer.version)
             future, resolved = served.submit(framing.unpack(infer.layout, frames), priority=infer.priority,
-                                             timeout=infer.timeout, deadline=infer.deadline)
+                                             timeout=infer.timeout, deadline=infer.deadline,
+                                             received=infer.received)
         except TrtServeError as exc:
             self._send(peer.identity, Error(infer.rid, type(exc).__name__, str(exc), *self._hint(served)))
             return

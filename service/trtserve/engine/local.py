@@ -59,11 +59,12 @@ class LocalEngine(EngineView):
 
     async def infer(
         self, model: str, version: str, segments: list[Tensors], *, priority: int = 0,
-        timeout: float | None = None, deadline: float = math.inf,
+        timeout: float | None = None, deadline: float = math.inf, received: float | None = None,
     ) -> tuple[list[Tensors], float, str]:
         """See :meth:`EngineClient.infer <trtserve.ipc.client.EngineClient.infer>`."""
         served = self.get(model, version)
-        future, resolved = served.submit(segments, priority=priority, timeout=timeout, deadline=deadline)
+        future, resolved = served.submit(segments, priority=priority, timeout=timeout, deadline=deadline,
+                                          received=received)
         return await future, resolved, served.spec.version
 
     async def ask(self, what: QueryKind, *args: Any) -> Any:
@@ -79,11 +80,13 @@ class LocalEngine(EngineView):
             log.error("engine core: query failed", exc_info=exc)
             raise BackendError(str(exc)) from exc
 
-    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float) -> None:
+    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float, *,
+             received: float | None = None) -> None:
         """See :meth:`EngineClient.shed <trtserve.ipc.client.EngineClient.shed>`; here the
         model's queue is read directly
         (:meth:`Dispatcher.hint <trtserve.batching.dispatcher.Dispatcher.hint>`)."""
-        refusal = shed(self.get(model, "").dispatcher.hint(), model, priority, timeout, deadline, now)
+        refusal = shed(self.get(model, "").dispatcher.hint(), model, priority, timeout, deadline, now,
+                       received=received)
         if refusal is not None:
             if isinstance(refusal, RequestTimeout) and self.core is not None:
                 self.core.record((), {model: 1})

@@ -84,7 +84,8 @@ class EngineModel:
         self.dispatcher.stats.reset()  # statistics and metrics count traffic, not the warm-up
 
     def submit(
-        self, segments: list[Tensors], *, priority: int = 0, timeout: float | None = None, deadline: float = math.inf
+        self, segments: list[Tensors], *, priority: int = 0, timeout: float | None = None, deadline: float = math.inf,
+        received: float | None = None,
     ) -> tuple[asyncio.Future[list[Tensors]], float]:
         """Admit one request's engine rows: convert them for the engine, resolve the deadline
         (:func:`~trtserve.ipc.admission.admit`) and queue them. Returns at once.
@@ -93,6 +94,8 @@ class EngineModel:
             segments: engine-input name → array with rows on axis 0, one dict per segment.
             priority, timeout: the request's parameters (timeout in seconds, or ``None``).
             deadline: the gRPC deadline, monotonic seconds (``math.inf``: none).
+            received: when the front end read the request, monotonic seconds: the
+                ``timeout`` and the model's default timeout count from it (``None``: from now).
 
         Returns:
             (future of one output dict per segment, the resolved deadline).
@@ -103,7 +106,8 @@ class EngineModel:
             and :meth:`~trtserve.batching.dispatcher.Dispatcher.submit`.
         """
         prepared = [self.backend.prepare(s) for s in segments]
-        _level, resolved = admit(self.dispatcher.policy, priority, timeout, deadline, self.clock.now())
+        _level, resolved = admit(self.dispatcher.policy, priority, timeout, deadline,
+                               self.clock.now() if received is None else received)
         return self.dispatcher.submit(prepared, priority=priority, deadline=resolved), resolved
 
     async def aclose(self) -> None:

@@ -151,7 +151,7 @@ class FrontendState:
         try:
             if refusal is not None:
                 raise refusal
-            response, late = await self._infer(request, deadline)
+            response, late = await self._infer(request, deadline, start)
             return response
         except TrtServeError as exc:
             code, error = status_name(exc), exc
@@ -177,16 +177,18 @@ class FrontendState:
                            "duration_ms": round(seconds * 1e3, 3)},
                 )
 
-    async def _infer(self, request: pb.ModelInferRequest, deadline: float) -> tuple[pb.ModelInferResponse, bool]:
+    async def _infer(self, request: pb.ModelInferRequest, deadline: float,
+                     received: float) -> tuple[pb.ModelInferResponse, bool]:
         model = await self.table.get(request.model_name, request.model_version)
         spec = model.spec
         priority, timeout, final = request_parameters(request)
         # Shed before decoding: what cannot finish in time costs no more work here.
-        self.engine.shed(spec.name, priority, timeout, deadline, self.clock.now())
+        self.engine.shed(spec.name, priority, timeout, deadline, self.clock.now(), received=received)
         inputs, _rows = codec.decode_inputs(request, spec, max_elements=self.max_request_elements)
         chosen = codec.requested_outputs(request, spec)
         outputs, resolved, version = await model.infer(
-            inputs, version=request.model_version, priority=priority, timeout=timeout, deadline=deadline)
+            inputs, version=request.model_version, priority=priority, timeout=timeout, deadline=deadline,
+            received=received)
         late = self.clock.now() > resolved
         response = codec.encode_response(spec, request.id, outputs, chosen)
         response.model_version = version  # the version that answered (across a reload, maybe a newer one)

@@ -27,7 +27,7 @@ from trtserve.errors import DeadlineUnmeetable, InvalidRequest, Overloaded, Queu
 def admit(
     policy: BatchingPolicy, priority: int, timeout: float | None, transport_deadline: float, now: float
 ) -> tuple[int, float]:
-    """The priority level and the absolute deadline of a request arriving at ``now``.
+    """The priority level and the absolute deadline of a request received at ``now``.
 
     Args:
         priority: the ``priority`` parameter: 1 is the most urgent; 0 (absent) means the
@@ -35,7 +35,8 @@ def admit(
         timeout: the ``timeout`` parameter in seconds, or ``None`` when absent.
         transport_deadline: the transport's deadline, gRPC's or the HTTP header's (monotonic
             seconds; ``math.inf`` for none).
-        now: monotonic seconds.
+        now: monotonic seconds: when the front end read the request (the ``timeout`` and
+            the model's default timeout count from it).
 
     Returns:
         (level, deadline): the level the request is queued at, and monotonic seconds
@@ -76,7 +77,8 @@ class QueueHint:
     full: tuple[tuple[int, float], ...] = ()
 
     def refusal(
-        self, model: str, priority: int, timeout: float | None, transport_deadline: float, now: float
+        self, model: str, priority: int, timeout: float | None, transport_deadline: float, now: float, *,
+        received: float | None = None,
     ) -> TrtServeError | None:
         """The error a front end answers without sending the request, or ``None`` to send it.
 
@@ -85,7 +87,8 @@ class QueueHint:
             priority, timeout: the request's parameters (timeout in seconds, or ``None``).
             transport_deadline: the transport's deadline (monotonic seconds, ``math.inf`` for
                 none).
-            now: monotonic seconds.
+            now: monotonic seconds; received: when the front end read the request, which the
+                ``timeout`` counts from (``None``: ``now``).
 
         Returns:
             DeadlineUnmeetable (DEADLINE_EXCEEDED), QueueFull or Overloaded (RESOURCE_EXHAUSTED);
@@ -94,7 +97,8 @@ class QueueHint:
         Raises:
             InvalidRequest: ``priority`` outside the model's levels (as the engine core would).
         """
-        level, deadline = admit(self.policy, priority, timeout, transport_deadline, now)
+        base = now if received is None else received
+        level, deadline = admit(self.policy, priority, timeout, transport_deadline, base)
         if deadline < now + self.min_run:
             return DeadlineUnmeetable(
                 f"the request's deadline is {max(deadline - now, 0.0) * 1e3:.3f} ms away; a batch of one of model "
@@ -119,7 +123,7 @@ class QueueHint:
 
 
 def shed(hint: QueueHint | None, model: str, priority: int, timeout: float | None, transport_deadline: float,
-         now: float) -> TrtServeError | None:
+         now: float, *, received: float | None = None) -> TrtServeError | None:
     """A front end's refusal before it sends a request: :meth:`QueueHint.refusal`, or with no
     hint yet (no answer of this model has come back), DeadlineUnmeetable for a deadline
     already passed (the request was read too late), else ``None``.
@@ -128,8 +132,9 @@ def shed(hint: QueueHint | None, model: str, priority: int, timeout: float | Non
         InvalidRequest: with a hint, ``priority`` outside the model's levels.
     """
     if hint is not None:
-        return hint.refusal(model, priority, timeout, transport_deadline, now)
-    latest = min(transport_deadline, now + timeout) if timeout is not None else transport_deadline
+        return hint.refusal(model, priority, timeout, transport_deadline, now, received=received)
+    base = now if received is None else received
+    latest = min(transport_deadline, base + timeout) if timeout is not None else transport_deadline
     if latest <= now:
         return DeadlineUnmeetable(f"the request's deadline passed {(now - latest) * 1e3:.3f} ms before the server "
                                   f"could start on it (model '{model}')")

@@ -98,7 +98,7 @@ class EngineClient(EngineView):
 
     async def infer(
         self, model: str, version: str, segments: list[Tensors], *, priority: int = 0,
-        timeout: float | None = None, deadline: float = math.inf,
+        timeout: float | None = None, deadline: float = math.inf, received: float | None = None,
     ) -> tuple[list[Tensors], float, str]:
         """Run one request's engine rows in the engine core.
 
@@ -109,6 +109,8 @@ class EngineClient(EngineView):
             priority: the ``priority`` parameter (1 is the most urgent; 0 for the default).
             timeout: the ``timeout`` parameter in seconds, or ``None``.
             deadline: the transport's deadline, monotonic seconds (``math.inf``: none).
+            received: when the front end read the request, monotonic seconds: the
+                ``timeout`` counts from it (``None``: from its arrival in the engine core).
 
         The front end has run :meth:`shed` on the request already (before decoding it).
 
@@ -125,7 +127,7 @@ class EngineClient(EngineView):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[list[Tensors], float, str]] = loop.create_future()
         self._pending[rid] = future
-        self._send(Infer(rid, model, version, priority, timeout, deadline, layout), frames)
+        self._send(Infer(rid, model, version, priority, timeout, deadline, received, layout), frames)
         try:
             return await future
         except asyncio.CancelledError:
@@ -149,7 +151,8 @@ class EngineClient(EngineView):
         finally:
             self._pending.pop(rid, None)
 
-    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float) -> None:
+    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float, *,
+             received: float | None = None) -> None:
         """Refuse, without sending it, a request that cannot finish in time, judged by the
         model's queue as the engine core's last answer described it
         (:meth:`QueueHint.refusal <trtserve.ipc.admission.QueueHint.refusal>`). Cheap: no
@@ -158,7 +161,8 @@ class EngineClient(EngineView):
         Args:
             priority, timeout: the request's parameters (timeout in seconds, or ``None``).
             deadline: the transport's deadline, monotonic seconds (``math.inf``: none); ``now``:
-                the time the ``timeout`` counts from.
+                monotonic seconds; ``received``: when the front end read the request, which the
+                ``timeout`` counts from (``None``: ``now``).
 
         Raises:
             DeadlineUnmeetable (DEADLINE_EXCEEDED): even a batch of one started now would finish
@@ -167,7 +171,7 @@ class EngineClient(EngineView):
             Overloaded (RESOURCE_EXHAUSTED): the predicted queue wait exceeds the deadline.
             InvalidRequest (INVALID_ARGUMENT): a priority outside the model's levels.
         """
-        refusal = shed(self._hints.get(model), model, priority, timeout, deadline, now)
+        refusal = shed(self._hints.get(model), model, priority, timeout, deadline, now, received=received)
         if refusal is not None:
             if isinstance(refusal, RequestTimeout):
                 self._refused[model] += 1

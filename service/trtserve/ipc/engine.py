@@ -162,13 +162,14 @@ class Engine(Protocol):
 
     async def infer(
         self, model: str, version: str, segments: list[Tensors], *, priority: int = 0,
-        timeout: float | None = None, deadline: float = math.inf,
+        timeout: float | None = None, deadline: float = math.inf, received: float | None = None,
     ) -> tuple[list[Tensors], float, str]:
         """Run one request's engine rows; returns (outputs per segment, the resolved deadline,
         the version that answered). See :meth:`EngineClient.infer <trtserve.ipc.client.EngineClient.infer>`."""
         ...
 
-    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float) -> None:
+    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float, *,
+             received: float | None = None) -> None:
         """Refuse a request that cannot finish in time before it crosses (the admission rule's
         front-end side, :func:`~trtserve.ipc.admission.shed`); call once per request, before
         decoding."""

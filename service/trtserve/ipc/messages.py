@@ -103,6 +103,8 @@ class Infer(NamedTuple):
         priority: the ``priority`` parameter (1 is the most urgent; 0 for the default).
         timeout: the ``timeout`` parameter in seconds, or None.
         deadline: the transport's deadline, monotonic seconds (``math.inf``: none).
+        received: when the front end read the request, monotonic seconds (CLOCK_MONOTONIC is
+            system-wide): the ``timeout`` counts from it; ``None``: from its arrival here.
         layout: the tensor frames' layout (:func:`trtserve.ipc.framing.pack`).
     """
 
@@ -112,6 +114,7 @@ class Infer(NamedTuple):
     priority: int
     timeout: float | None
     deadline: float
+    received: float | None
     layout: Layout
 
 
