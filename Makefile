@@ -8,7 +8,7 @@ GEN := service/trtserve/_proto
 PROTOS := $(wildcard protos/inference/*.proto protos/trtserve/v1/*.proto)
 DATA ?= ../shared/data
 
-.PHONY: setup protos engine serve demo demo-data test lint docs reliability bench loadgen clients clean fuzz soak image
+.PHONY: setup protos engine serve demo data test lint docs reliability bench loadgen clients clean fuzz soak image
 
 ## setup: create .venv with the server, export and dev extras (CPU builds; no GPU needed)
 setup: $(VENV)/.installed
@@ -41,16 +41,18 @@ serve: engine
 	$(PY) -m trtserve serve --model-repository engines --port $(PORT)
 
 ## demo: the main job on real data — STS-B dev through the live server, then a corpus embed
-demo: demo-data engine
-# The data check first: a clone away from ../shared learns it before the set-up and build.
-demo-data:
-	@test -f $(DATA)/stsb/dev.tsv || { echo "make demo: no $(DATA)/stsb/dev.tsv; pass DATA=<the shared data directory> (stsb/, corpus/)" >&2; exit 2; }
+## (make builds prerequisites left to right: the data check first, so a clone away from ../shared
+## learns it before the set-up and build; then the build; then the demo)
+demo: data engine
 	$(PY) -m trtserve demo --model-repository engines --data $(DATA)
+data:
+	@test -f $(DATA)/stsb/dev.tsv || { echo "make $(MAKECMDGOALS): no $(DATA)/stsb/dev.tsv; pass DATA=<the shared data directory> (stsb/, corpus/)" >&2; exit 2; }
 
-## test: the rules (ruff; the import contracts in pyproject.toml), then the whole test suite (the command CI runs);
+## test: the rules (ruff; the import contracts in pyproject.toml), then the whole test suite (the command CI runs),
+## the data-driven tests reading $(DATA) (TRTSERVE_DATA);
 ## the container image's test (tests/image) runs with TRTSERVE_IMAGE_TEST=1 after `make image`, else it is skipped
-test: engine lint
-	$(PY) -m pytest -q tests --ignore=tests/compat --ignore=tests/gpu --ignore=tests/image -m 'not timing'
+test: data engine lint
+	TRTSERVE_DATA=$(abspath $(DATA)) $(PY) -m pytest -q tests --ignore=tests/compat --ignore=tests/gpu --ignore=tests/image -m 'not timing'
 	# tritonclient registers the same protobuf symbols as trtserve: its tests run in their own process.
 	$(PY) -m pytest -q tests/compat
 	$(PY) -m pytest -q tests/image

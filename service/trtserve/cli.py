@@ -21,6 +21,7 @@ from trtserve.engine.lifecycle import DEFAULT_POLL_SECS, ControlMode, LifecycleC
 from trtserve.frontend.grpc.server import Keepalive
 from trtserve.frontend.grpc.service import DEFAULT_STREAM_INFLIGHT
 from trtserve.frontend.state import DEFAULT_MAX_MESSAGE_BYTES
+from trtserve.runtimes.threads import DEFAULT_COMPUTE_NICE, MAX_NICE
 
 log = logging.getLogger("trtserve")
 
@@ -77,6 +78,17 @@ def _boolean(text: str) -> bool:
     if value not in _TRUE | _FALSE or not value:
         raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
     return value in _TRUE
+
+
+def _nice(text: str) -> int:
+    """A nice value to add, 0..19."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_NICE:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_NICE}, got '{text}'")
+    return value
 
 
 def _add_repository(p: argparse.ArgumentParser) -> None:
@@ -138,6 +150,10 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
                        help="threads per front end for handler pre/post-processing (default: 2)")
     serve.add_argument("--intra-op-threads", type=int, default=0,
                        help="ONNX Runtime threads per session (default: 0, one per core)")
+    serve.add_argument("--compute-nice", type=_nice, default=DEFAULT_COMPUTE_NICE, metavar="N",
+                       help="added to the nice value of ONNX Runtime's threads, so the event loops that read, refuse "
+                            "and answer calls run first when both want a core (0..19; 0: the process's priority) "
+                            f"(default: {DEFAULT_COMPUTE_NICE})")
     serve.add_argument("--grace-period", type=float, default=30.0,
                        help="seconds to finish queued work on SIGTERM or SIGINT (default: 30)")
     serve.add_argument("--max-request-elements", type=int, default=0,
@@ -287,6 +303,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ),
         cpu_workers=args.cpu_workers,
         intra_op_threads=args.intra_op_threads,
+        compute_nice=args.compute_nice,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port or None,
         log_level=args.log_level,

@@ -12,6 +12,7 @@ health, graceful drain, TLS and auth, per-request caps (``test_metrics.py``, ``t
 
 from __future__ import annotations
 
+import os
 import socket
 import textwrap
 import time
@@ -22,6 +23,10 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from trtserve.tools.testmodels import config_text, identity, write_model
+
+SHARED_DATA = Path(os.environ.get("TRTSERVE_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
+"""The shared data directory (stsb/, corpus/): ``TRTSERVE_DATA`` (``make test DATA=...`` sets it), else
+``../shared/data`` beside the repository."""
 
 # A Python model with a known run time: batch_ms per batch (+ row_ms per row); a request whose
 # first value is 7 takes late_s more (to overrun its deadline); setup sleeps setup_s (load time).

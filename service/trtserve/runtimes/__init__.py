@@ -16,10 +16,13 @@ class RuntimeOptions:
     Attributes:
         intra_op_threads: ONNX Runtime threads per session for one operator (0: one per core).
         inter_op_threads: ONNX Runtime threads across operators (0: ORT's default).
+        compute_nice: added to the nice value of ONNX Runtime's threads (0..19, 0: the
+            process's; :mod:`trtserve.runtimes.threads`).
     """
 
     intra_op_threads: int = 0
     inter_op_threads: int = 0
+    compute_nice: int = 0
 
 
 def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backend:
@@ -42,6 +45,7 @@ def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backe
             cpu_mem_arena=_flag(spec, "ort_cpu_mem_arena", True),
             mem_pattern=_flag(spec, "ort_mem_pattern", True),
             spinning=_flag(spec, "ort_intra_op_spinning", True),
+            nice=options.compute_nice,
         )
     if spec.platform == "python":
         from trtserve.runtimes.python import PythonBackend

@@ -1,7 +1,8 @@
 """ONNX Runtime on the CPU: the embedded default engine.
 
 One ``InferenceSession`` per execution slot (``instance_group.count``), each run on its own
-thread so the event loop never blocks. Inputs are packed into the slot's grow-only staging
+thread so the event loop never blocks, at a lower OS priority than the loop
+(:mod:`~trtserve.runtimes.threads`). Inputs are packed into the slot's grow-only staging
 buffers (:class:`~trtserve.runtimes.base.StagingBuffers`); outputs are the arrays ORT returns.
 onnxruntime failures become :class:`~trtserve.errors.BackendError` here and nowhere else.
 """
@@ -9,7 +10,6 @@ onnxruntime failures become :class:`~trtserve.errors.BackendError` here and nowh
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,7 @@ import numpy as np
 from trtserve.datatypes import DATATYPES, Datatype, Tensors
 from trtserve.errors import BackendError, InvalidRequest
 from trtserve.runtimes.base import Batch, StagingBuffers, pack
+from trtserve.runtimes.threads import slot_thread
 from trtserve.spec import TensorSpec
 
 if TYPE_CHECKING:
@@ -67,10 +68,14 @@ class OnnxRuntimeBackend:
             throughput with CPU time; on a host shared with other busy processes (or under a
             container CPU quota) a spinning thread burns the core another thread needs, and
             ``"false"`` is better (docs/guide/serving.md, "ONNX Runtime settings"; both measured in docs/benchmarks.md).
+        nice: added to the nice value of each slot's thread and of the ORT threads its session
+            starts (0..19; :func:`~trtserve.runtimes.threads.slot_thread`): the event loops run
+            first when both want a core.
 
     Raises:
         BackendError: the file cannot be loaded, or has an input/output type with no
             KServe datatype.
+        ValueError: ``nice`` outside 0..19.
     """
 
     def __init__(
@@ -85,6 +90,7 @@ class OnnxRuntimeBackend:
         cpu_mem_arena: bool = True,
         mem_pattern: bool = True,
         spinning: bool = True,
+        nice: int = 0,
     ) -> None:
         import onnxruntime as ort
 
@@ -92,12 +98,16 @@ class OnnxRuntimeBackend:
             intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
             cpu_mem_arena=cpu_mem_arena, mem_pattern=mem_pattern, spinning=spinning,
         )
+        # Each session is created on its slot's thread, so ORT's intra-op threads inherit its priority.
+        self._threads = [slot_thread(f"ort-slot{i}", nice) for i in range(slots)]
         try:
             self._sessions = [
-                ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-                for _ in range(slots)
+                thread.submit(ort.InferenceSession, str(path), options, providers=["CPUExecutionProvider"]).result()
+                for thread in self._threads
             ]
         except Exception as exc:
+            for thread in self._threads:
+                thread.shutdown(wait=False)
             raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
         self.inputs, self.outputs = engine_tensors(self._sessions[0], batched, path)
         self.max_batch_rows = fixed_batch_rows(self._sessions[0]) if batched else None
@@ -107,7 +117,6 @@ class OnnxRuntimeBackend:
         self.batched = batched
         self.pad_value = pad_value
         self._staging = [StagingBuffers() for _ in range(slots)]
-        self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"ort-slot{i}") for i in range(slots)]
         self._text_inputs = [t.name for t in self.inputs if t.datatype.name == "BYTES"]
 
     def prepare(self, segment: Tensors) -> Tensors:

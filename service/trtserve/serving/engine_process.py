@@ -43,7 +43,7 @@ def make_core(config: ServeConfig, address: str | None) -> EngineCore:
     from trtserve.engine.core import EngineCore
     from trtserve.engine.registry import ModelRegistry
 
-    options = runtimes.RuntimeOptions(intra_op_threads=config.intra_op_threads)
+    options = runtimes.RuntimeOptions(intra_op_threads=config.intra_op_threads, compute_nice=config.compute_nice)
     registry = ModelRegistry(
         config.repository, clock=MonotonicClock(), backend_factory=partial(runtimes.create, options=options)
     )

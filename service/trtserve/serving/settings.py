@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trtserve.engine.lifecycle import LifecycleConfig
+from trtserve.runtimes.threads import DEFAULT_COMPUTE_NICE
 
 log = logging.getLogger("trtserve")
 
@@ -34,6 +35,7 @@ class ServeConfig:
             (limits, TLS, auth).
         cpu_workers: threads per front end for handler pre/post-processing.
         intra_op_threads: ONNX Runtime threads per session (0: one per core).
+        compute_nice: added to the nice value of ONNX Runtime's threads (0..19).
         metrics_host, metrics_port: the engine core's Prometheus endpoint (None: off).
         log_level, log_format, log_requests: logging of every process (as the CLI's flags).
         lifecycle: model control mode, models to load, poll interval, readiness rule.
@@ -48,6 +50,7 @@ class ServeConfig:
     frontend: dict[str, Any] = field(default_factory=dict)
     cpu_workers: int = 2
     intra_op_threads: int = 0
+    compute_nice: int = DEFAULT_COMPUTE_NICE
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     log_level: str = "INFO"
