@@ -470,3 +470,19 @@ def test_json_sidecar_round_trip_is_what_the_loader_reads(tmp_path):
     assert read_sidecar(plan) is None
     (tmp_path / "model.plan.json").write_text(json.dumps(sidecar()))
     assert read_sidecar(plan) == sidecar()
+
+
+@no_gpu
+def test_build_names_the_models_with_nothing_to_build_and_refuses_a_missing_one(tmp_path, engines, capsys):
+    from trtserve.cli import main
+
+    root = _tiny_repo(tmp_path, engines)
+    (root / "slow").mkdir()
+    shutil.copy(engines / "slow" / "config.pbtxt", root / "slow" / "config.pbtxt")
+    assert main(["build", "--model-repository", str(root)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[:2] == ["slow: nothing to build (no build.py; its files are served as they are)", "tiny: built"]
+    assert main(["build", "--model-repository", str(root), "tiny", "nosuch"]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == f"nosuch: not built: no model directory {root / 'nosuch'} with a config.pbtxt"
+    assert lines[1] == "tiny: up to date"

@@ -387,12 +387,22 @@ def run(args: argparse.Namespace) -> int:
 
     A recipe that raises ``RuntimeError`` (its own sentence: a missing package, a failed
     check) is reported in one line, ``<model>: not built: <why>``, and the others still build.
-    Returns the exit status: 0, or 1 when a recipe or a plan failed."""
+    A model directory without a recipe (its files are committed as they are served) gets
+    ``<model>: nothing to build``; a named model with no directory, ``<model>: not built: ...``.
+    Returns the exit status: 0, or 1 when a recipe or a plan failed or a named model is missing."""
     root: Path = args.model_repository
     recipes = sorted(root.glob("*/build.py"))
+    plain = sorted(d.name for d in (root.iterdir() if root.is_dir() else ()) if (d / "config.pbtxt").is_file()
+                   and not (d / "build.py").exists())
+    failed = 0
     if args.models:
         recipes = [r for r in recipes if r.parent.name in args.models]
-    failed = 0
+        plain = [name for name in plain if name in args.models]
+        for name in sorted(set(args.models) - {r.parent.name for r in recipes} - set(plain)):
+            failed += 1
+            print(f"{name}: not built: no model directory {root / name} with a config.pbtxt")
+    for name in plain:
+        print(f"{name}: nothing to build (no build.py; its files are served as they are)")
     for recipe in recipes:
         model_dir = recipe.parent
         spec = importlib.util.spec_from_file_location(f"trtserve_build_{model_dir.name}", recipe)
