@@ -1,4 +1,5 @@
 """The main job on real text: all-MiniLM-L6-v2 served with its tokenizing handler."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,6 @@ from trtserve.tools.check import check_model
 from trtserve.tools.demo import REFERENCE_SPEARMAN, embed_stream, read_stsb, spearman_of_cosines
 from trtserve.tools.testmodels import config_text, mean_over_sequence, write_model
 
-DATA = SHARED_DATA
-
 
 def text(*values: bytes) -> dict[str, np.ndarray]:
     return {"TEXT": np.array([[v] for v in values], dtype=object)}
@@ -27,7 +26,7 @@ def text(*values: bytes) -> dict[str, np.ndarray]:
 
 @pytest.mark.timeout(900)
 def test_stsb_dev_through_the_live_server_reproduces_the_reference(server):
-    first, second, gold = read_stsb(DATA / "stsb" / "dev.tsv")
+    first, second, gold = read_stsb(SHARED_DATA / "stsb" / "dev.tsv")
     sentences = [(str(i), s) for i, s in enumerate(first + second)]
     with server.client() as c:
         emb = dict(embed_stream(c, sentences, inflight=128))
@@ -37,7 +36,7 @@ def test_stsb_dev_through_the_live_server_reproduces_the_reference(server):
 
 
 def test_batching_changes_no_embedding_on_real_text(server):
-    first, _, _ = read_stsb(DATA / "stsb" / "dev.tsv")
+    first, _, _ = read_stsb(SHARED_DATA / "stsb" / "dev.tsv")
     sentences = sorted(first[:400], key=len)[::6][:64]  # 64 sentences of mixed lengths
     assert len({len(s.split()) for s in sentences}) > 10
     with server.client() as c:

