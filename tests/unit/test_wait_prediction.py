@@ -11,7 +11,7 @@ import pytest
 
 from trtserve.batching.latency import LatencyModel
 from trtserve.batching.queue import QueueEntry, RequestQueue
-from trtserve.batching.wait import batch_floor, deadline_batch, fill, predict, queue_hint
+from trtserve.batching.wait import FULL_HORIZON_S, batch_floor, deadline_batch, fill, predict, queue_hint
 from trtserve.config import BatchingPolicy, QueuePolicy
 from trtserve.errors import DeadlineUnmeetable, Overloaded, QueueFull
 from trtserve.ipc.admission import QueueHint, admit, shed
@@ -159,6 +159,24 @@ def test_a_hint_says_how_long_a_full_queue_stays_full():
     assert busy.refusal("m", 0, None, math.inf, 0.31) is None  # a batch started since: room again
     idle = queue_hint(queue, policy, now=0.0, free_at=[0.0], cap=8, latency=latency)
     assert idle.full == ()
+    # A slot idle while the dispatcher holds the batch (a fixed queue delay ending at 2 ms):
+    # full until then, and never more than FULL_HORIZON_S ahead.
+    held = queue_hint(queue, policy, now=0.0, free_at=[0.0], cap=8, latency=latency, next_look=0.002)
+    assert held.full == ((0, 0.002),)
+    assert isinstance(held.refusal("m", 0, None, math.inf, 0.001), QueueFull)
+    later = queue_hint(queue, policy, now=0.0, free_at=[0.0], cap=8, latency=latency, next_look=1.0)
+    assert later.full == ((0, FULL_HORIZON_S),)
+
+
+def test_with_a_slot_idle_a_level_with_room_keeps_the_hint_from_saying_full():
+    latency = affine()
+    policy = BatchingPolicy(max_batch_size=8, priority_levels=2, default_priority=1,
+                            priority_queues={1: QueuePolicy(max_queue_size=1)})
+    queue = RequestQueue()
+    queue.push(entry(1, 1, 5.0), 1)
+    queue.push(entry(1, 2, 5.0))  # level 2 is unbounded: a request there may start a batch any time
+    hint = queue_hint(queue, policy, now=0.0, free_at=[0.0], cap=8, latency=latency, next_look=0.002)
+    assert hint.full == ()
 
 
 def test_without_a_hint_only_a_deadline_already_passed_is_refused():

@@ -109,6 +109,7 @@ class Dispatcher:
         self._ends = SlotEnds(backend.slots)  # admission's view of the running batches
         self._hint: QueueHint | None = None
         self._hint_at = -math.inf
+        self._next_look: float | None = None  # when the loop decides again with no arrival (None: at once)
 
     # -- public API ---------------------------------------------------------------------
 
@@ -164,6 +165,7 @@ class Dispatcher:
         self.arrivals.observe(now, entry.rows)
         self.budgets.observe(deadline - now)
         future.add_done_callback(lambda _f: self._on_done(entry))
+        self._next_look = None  # the loop decides again at once
         self._wake.set()
         return future
 
@@ -183,7 +185,7 @@ class Dispatcher:
         if self._hint is None or now - self._hint_at > HINT_REFRESH_S:
             self._hint_at = now
             self._hint = queue_hint(self.queue, self.policy, now=now, free_at=self._ends.free_at(now, self._idle),
-                                    cap=self.cap, latency=self.latency)
+                                    cap=self.cap, latency=self.latency, next_look=self._next_look)
         return self._hint
 
     def set_policy(self, policy: BatchingPolicy) -> None:
@@ -254,12 +256,14 @@ class Dispatcher:
             for entry in decision.expired:
                 self._expire(entry)
             if decision.batch:
+                self._next_look = None
                 self._launch(self.queue.take(decision.batch), mark)
                 continue
             if self._closing and not self.queue.entries and len(self._idle) == self.backend.slots:
                 return
             watch = self._watch(now)
             wake = decision.wake_at if watch is None else min(watch, decision.wake_at or math.inf)
+            self._next_look = wake
             await self._wait(wake)
 
     def _watch(self, now: float) -> float | None:

@@ -78,6 +78,9 @@ HINT_POINTS = 16
 """Most queue positions a :class:`~trtserve.ipc.admission.QueueHint` samples (it goes out with every answer)."""
 HINT_REFRESH_S = 0.001
 """A dispatcher recomputes its hint at most this often (seconds): an O(queue) walk."""
+FULL_HORIZON_S = 0.005
+"""With a slot idle, a hint says a full queue stays full for at most this long (seconds): a
+cancelled entry frees room without an answer, and each refused request brings a fresh hint."""
 
 
 def batch_floor(latency: LatencyModel, cap: int, length: int) -> float:
@@ -215,10 +218,16 @@ def predict(entries: Sequence[QueueEntry], priority: float, deadline: float, row
 
 def queue_hint(
     queue: RequestQueue, policy: BatchingPolicy, *, now: float, free_at: Sequence[float], cap: int,
-    latency: LatencyModel,
+    latency: LatencyModel, next_look: float | None = None,
 ) -> QueueHint:
     """The :class:`~trtserve.ipc.admission.QueueHint` of ``queue`` now (one walk over it;
-    :data:`HINT_POINTS` samples)."""
+    :data:`HINT_POINTS` samples).
+
+    A level at its ``max_queue_size`` is full until the first slot frees up, or, with a slot
+    idle, until ``next_look`` (monotonic seconds: when the dispatcher decides again, e.g. a
+    fixed queue delay's end), at most :data:`FULL_HORIZON_S` ahead and only when every level
+    holding rows is full (a request at another level could start a batch sooner); in either
+    case no later than its first entry's expiry."""
     entries = list(queue.entries)
     step = max(1, math.ceil(len(entries) / HINT_POINTS))
     points: list[tuple[int, float, float]] = []
@@ -229,16 +238,20 @@ def queue_hint(
         if (i + 1) % step == 0 or i == len(entries) - 1:
             done = fill(free_at, rows * batch_floor(latency, cap, int(shortest)) / cap)
             points.append((entry.priority, entry.deadline, done))
+    full_levels = [level for level, queued in list(queue.per_level.items())
+                   if queued and 0 < policy.queue_policy(level).max_queue_size <= queued]
+    moves_at = free_at[0]
+    if moves_at <= now:  # a slot is idle: the queue moves at the dispatcher's next look
+        every_level_full = len(full_levels) == sum(1 for queued in queue.per_level.values() if queued)
+        moves_at = min(next_look, now + FULL_HORIZON_S) if next_look is not None and every_level_full else now
     full: list[tuple[int, float]] = []
-    if free_at[0] > now:  # with a slot idle the queue moves at once
-        for level, queued in list(queue.per_level.items()):
-            size = policy.queue_policy(level).max_queue_size
-            if size and queued >= size:
-                expiry = min((e.deadline - latency.lower_bound(1, e.length) for e in entries if e.level == level),
-                             default=math.inf)
-                full.append((level, min(free_at[0], expiry)))
+    if moves_at > now:
+        for level in full_levels:
+            expiry = min((e.deadline - latency.lower_bound(1, e.length) for e in entries if e.level == level),
+                         default=math.inf)
+            full.append((level, min(moves_at, expiry)))
     return QueueHint(latency.lower_bound(1, 1), policy, free_at[0], tuple(points), tuple(full))
 
 
-__all__ = ["HINT_POINTS", "HINT_REFRESH_S", "SlotEnds", "Wait", "batch_floor", "deadline_batch", "fill", "predict",
-           "queue_hint", "row_cost"]
+__all__ = ["FULL_HORIZON_S", "HINT_POINTS", "HINT_REFRESH_S", "SlotEnds", "Wait", "batch_floor", "deadline_batch",
+           "fill", "predict", "queue_hint", "row_cost"]

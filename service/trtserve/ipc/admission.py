@@ -67,7 +67,8 @@ class QueueHint:
         points: sampled queue positions, in queue order: (priority, deadline, done_at) —
             the rows up to that entry, it included, are done at ``done_at`` at the earliest.
         full: (level, until): that level's queue is at ``max_queue_size`` until then at least
-            (until a slot frees up or one of its entries expires).
+            (until a slot frees up, the dispatcher's next decision with a slot idle, or one of
+            its entries expires: :func:`~trtserve.batching.wait.queue_hint`).
     """
 
     min_run: float
