@@ -11,6 +11,7 @@ import pytest
 from fakes import FakeBackend, rows
 from trtserve.batching.dispatcher import Dispatcher
 from trtserve.batching.policy import DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE
+from trtserve.batching.wait import FULL_HORIZON_S
 from trtserve.clock import FakeClock, settle
 from trtserve.config import BatchingPolicy, QueuePolicy, TimeoutAction
 from trtserve.errors import BackendError, QueueFull, RequestTimeout, ShuttingDown
@@ -315,3 +316,19 @@ async def test_a_hung_engine_answers_callers_at_their_deadline_and_marks_the_slo
     later = d.submit(rows(3))
     await clock.advance(100.0)
     assert later.result()[0]["y"][0, 0] == 6.0
+
+
+async def test_a_queue_held_full_by_the_queue_delay_is_full_in_the_hint():
+    """A slot idle, the queue at max_queue_size, its batch held by the fixed delay: front ends
+    read 'full' from the hint (and refuse before decoding) until the dispatcher looks again."""
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8, max_queue_delay=0.100, adaptive=False,
+                                            default_queue=QueuePolicy(max_queue_size=1)))
+    d.submit(rows(1))
+    await clock.advance(0.001)
+    assert backend.sizes() == []
+    ((level, until),) = d.hint().full
+    assert 0 < until - clock.now() <= FULL_HORIZON_S
+    await clock.advance(0.100)
+    assert backend.sizes() == [1]
+    await clock.advance(0.002)
+    assert d.hint().full == ()  # the batch ran: room again
