@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -29,6 +29,7 @@ from trtserve.batching.policy import (
     Inputs,
     adaptive_cap,
     decide,
+    ends_hold,
     margin,
 )
 from trtserve.batching.queue import QueueEntry
@@ -614,3 +615,53 @@ KNEE = points((1, 1 / 100), (2, 2 / 190), (4, 4 / 300), (8, 8 / 390), (16, 16 / 
 )
 def test_adaptive_cap(latency, policy: BatchingPolicy, tolerance: float, expected: int) -> None:
     assert adaptive_cap(latency(), policy, tolerance=tolerance) == expected
+
+
+# -- arrivals during a wait ---------------------------------------------------------------------
+# A decision to wait carries the arrivals that can change it (ends_hold); the dispatcher takes
+# no new decision for the others. The check: decide() again on the queue with the arrivals
+# added, at the time they come at the measured rate (k rows at λ: k/λ later; with no slot free,
+# at once). Where ends_hold says no, the answer must still be a wait, ending no earlier; where
+# it says yes, the answer must differ (a batch, an expiry or an earlier wake).
+
+FAST = inputs(arrival_rate=512.0)  # no size keeps up: wait for a full batch of 8 (7 rows away)
+BUSY = inputs(free_slots=0)
+
+
+def _redecide(held: tuple[E, ...], arrivals: tuple[E, ...], at: Inputs, latency: LatencyModel) -> tuple[bool, Decision]:
+    """(ends_hold for the last of ``arrivals``, decide() on the queue with all of them)."""
+    before = decide(sorted((e.build() for e in held), key=lambda q: q.key), at, ADAPT, latency)
+    assert not before.batch and before.hold is not None
+    built = [e.build() for e in (*held, *arrivals)]
+    added = sum(e.rows for e in arrivals)
+    ends = ends_hold(before.hold, built[-1], added, latency)
+    later = replace(at, now=at.now + added / at.arrival_rate) if at.arrival_rate else at
+    return ends, decide(sorted(built, key=lambda q: q.key), later, ADAPT, latency)
+
+
+@pytest.mark.parametrize("arrivals, at, ends", [
+    pytest.param((E("b"),), FAST, False, id="a-loose-row-below-the-target-changes-nothing"),
+    pytest.param(tuple(E(f"r{i}") for i in range(6)), FAST, False, id="six-of-the-seven-rows-waited-for"),
+    pytest.param(tuple(E(f"r{i}") for i in range(7)), FAST, True, id="the-seventh-row-sends-the-batch"),
+    pytest.param((E("b", rows=7),), FAST, True, id="one-request-of-the-seven-rows"),
+    pytest.param((E("b", deadline=NOW + 20 * U),), FAST, True, id="a-deadline-inside-the-wait-ends-it"),
+    pytest.param((E("b", deadline=NOW + 10.0),), FAST, False, id="a-deadline-after-the-wait-changes-nothing"),
+    pytest.param((E("b"),), BUSY, False, id="no-free-slot-a-loose-row-changes-nothing"),
+    pytest.param(tuple(E(f"r{i}") for i in range(20)), BUSY, False, id="no-free-slot-rows-end-nothing"),
+    pytest.param((E("b", deadline=NOW + 12 * U),), BUSY, True, id="no-free-slot-an-earlier-last-start-wakes"),
+    pytest.param((E("b", deadline=NOW + 2.0),), BUSY, False, id="no-free-slot-a-later-last-start-changes-nothing"),
+])
+def test_an_arrival_ends_a_wait_exactly_when_it_changes_the_decision(arrivals, at, ends) -> None:
+    held = (E("a", deadline=NOW + 1.0),)
+    latency = LAT()
+    before = decide([held[0].build()], at, ADAPT, latency)
+    got, after = _redecide(held, arrivals, at, latency)
+    assert got is ends
+    unchanged = not after.batch and not after.expired and after.wake_at >= before.wake_at
+    assert unchanged is not ends
+
+
+def test_an_arrival_longer_than_the_held_batch_ends_the_wait() -> None:
+    latency = _per_length()
+    got, _after = _redecide((E("a"),), (E("b", length=64),), FAST, latency)
+    assert got

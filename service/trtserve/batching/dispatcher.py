@@ -22,7 +22,7 @@ import numpy as np
 from trtserve.batching.budgets import DeadlineBudgets
 from trtserve.batching.host import HostMeter
 from trtserve.batching.latency import LatencyModel
-from trtserve.batching.policy import Inputs, adaptive_cap, decide
+from trtserve.batching.policy import Hold, Inputs, adaptive_cap, decide, ends_hold
 from trtserve.batching.queue import Piece, QueueEntry, RequestQueue
 from trtserve.batching.rate import ArrivalRate
 from trtserve.batching.stats import DispatchStats
@@ -110,6 +110,8 @@ class Dispatcher:
         self._hint: QueueHint | None = None
         self._hint_at = -math.inf
         self._next_look: float | None = None  # when the loop decides again with no arrival (None: at once)
+        self._hold: Hold | None = None  # which arrivals wake the waiting loop (None: every one)
+        self._held_rows = 0  # rows arrived since the loop began its wait
 
     # -- public API ---------------------------------------------------------------------
 
@@ -165,6 +167,12 @@ class Dispatcher:
         self.arrivals.observe(now, entry.rows)
         self.budgets.observe(deadline - now)
         future.add_done_callback(lambda _f: self._on_done(entry))
+        if self._hold is not None:
+            # An arrival that cannot change the loop's wait costs no decision.
+            self._held_rows += entry.rows
+            if not ends_hold(self._hold, entry, self._held_rows, self.latency):
+                return future
+            self._hold = None
         self._next_look = None  # the loop decides again at once
         self._wake.set()
         return future
@@ -247,6 +255,7 @@ class Dispatcher:
         cpu = self.host.cpu
         while True:
             self._wake.clear()
+            self._hold = None
             mark = cpu()
             now = self.clock.now()
             share, batch_share = self.host.share(now)
@@ -264,6 +273,7 @@ class Dispatcher:
             watch = self._watch(now)
             wake = decision.wake_at if watch is None else min(watch, decision.wake_at or math.inf)
             self._next_look = wake
+            self._hold, self._held_rows = decision.hold, 0
             await self._wait(wake)
 
     def _watch(self, now: float) -> float | None:

@@ -28,7 +28,9 @@
    preferred size is reached. Otherwise it waits — for that batch size (adaptive) or for
    ``max_queue_delay`` (fixed) — but never past the moment a selected row would miss its
    deadline given the predicted run time of the larger batch, less a safety :func:`margin`.
-   An arrival or a freed slot wakes the dispatcher sooner.
+   A freed slot wakes the dispatcher sooner, and so does an arrival that can change the wait
+   (:func:`ends_hold`: it brings the rows waited for, or its deadline falls inside the wait);
+   the others join the queue without a new decision.
 
 It reads no clock and changes nothing; the dispatcher applies the :class:`Decision`.
 """
@@ -74,11 +76,52 @@ class Decision:
             empty for none.
         wake_at: when to decide again if no request arrives and no slot frees up first
             (monotonic seconds); ``None`` to wait for one of those events alone.
+        hold: with a wait, which arrivals can change it (:class:`Hold`); ``None``: any.
     """
 
     expired: tuple[QueueEntry, ...] = ()
     batch: tuple[tuple[QueueEntry, int], ...] = ()
     wake_at: float | None = None
+    hold: Hold | None = None
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Which arrivals can change a decision to wait (:func:`ends_hold`), so that an arrival
+    that cannot costs the dispatcher no new decision. ``None`` in a :class:`Decision`: every
+    arrival can (an empty queue, or a batch that went).
+
+    Attributes:
+        rows: rows the wait is for: the arrivals since the decision end it once they add this
+            many (``math.inf`` with no slot free: rows end nothing, a freed slot does).
+        length: the held batch's row length (elements): a longer row changes its run time
+            (``math.inf`` with no slot free).
+        run: the predicted run time (seconds) of the batch waited for; ``None`` with no slot
+            free.
+        until: the decision's wake time (monotonic seconds; ``math.inf`` for none).
+    """
+
+    rows: float
+    length: float
+    run: float | None
+    until: float
+
+
+def ends_hold(hold: Hold, entry: QueueEntry, added: int, latency: LatencyModel) -> bool:
+    """Whether ``entry``, arriving while the dispatcher keeps ``hold``, can change the decision
+    (``added``: rows arrived since it, ``entry``'s included): it brings the rows waited for,
+    it is longer than the held batch, or its own deadline falls inside the wait (its last start,
+    deadline − p(1), or, joining the held batch, deadline − margin − the batch's run time, before
+    ``hold.until``). Any other arrival leaves :func:`decide`'s answer as it was, up to the
+    arrival rate it reads (the wait then ends at the rows or the time first predicted)."""
+    if added >= hold.rows or entry.length > hold.length:
+        return True
+    if entry.deadline == math.inf:
+        return False
+    start = entry.deadline - latency.lower_bound(1, entry.length)
+    if hold.run is not None:
+        start = min(start, entry.deadline - margin(entry) - hold.run)
+    return start < hold.until
 
 
 @dataclass(frozen=True)
@@ -131,8 +174,11 @@ def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
         if e.deadline - one(e) < now or (e.deadline - one(e) == now and inputs.free_slots <= 0)
     ]
     live: Sequence[QueueEntry] = _without(entries, expired)
-    if not live or inputs.free_slots <= 0:
+    if not live:
         return Decision(tuple(expired), (), _next_expiry(live, one))
+    if inputs.free_slots <= 0:
+        wake = _next_expiry(live, one)
+        return Decision(tuple(expired), (), wake, Hold(math.inf, math.inf, None, math.inf if wake is None else wake))
 
     cap = inputs.cap
     batch = _on_time(_select(live, now, cap, policy, latency), now, latency)
@@ -162,7 +208,16 @@ def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
     if wait_until <= now:
         return Decision(tuple(expired), batch, None)
     wake = wait_until if expiry_wake is None else min(wait_until, expiry_wake)
-    return Decision(tuple(expired), (), wake)
+    return Decision(tuple(expired), (), wake, Hold(_held_rows(target, policy) - rows, length,
+                                                   latency.predict(target, length), wake))
+
+
+def _held_rows(target: int, policy: BatchingPolicy) -> int:
+    """The queued rows at which a wait for ``target`` rows ends: ``target``, or the largest
+    preferred batch size below it under the fixed timer (reaching it sends the batch)."""
+    if not policy.adaptive and policy.preferred_batch_sizes:
+        return min(target, policy.preferred_batch_sizes[-1])
+    return target
 
 
 def _without(entries: Sequence[QueueEntry], gone: Sequence[QueueEntry]) -> Sequence[QueueEntry]:
