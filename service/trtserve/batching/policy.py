@@ -29,7 +29,8 @@
    ``max_queue_delay`` (fixed) — but never past the moment a selected row would miss its
    deadline given the predicted run time of the larger batch, less a safety :func:`margin`.
    A freed slot wakes the dispatcher sooner, and so does an arrival that can change the wait
-   (:func:`ends_hold`: it brings the rows waited for, or its deadline falls inside the wait);
+   (:func:`ends_hold`: it brings the rows waited for, its row is longer, or its deadline falls
+   inside the wait);
    the others join the queue without a new decision.
 
 It reads no clock and changes nothing; the dispatcher applies the :class:`Decision`.
