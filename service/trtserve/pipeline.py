@@ -9,7 +9,6 @@ response tensors (``postprocess``). The handler contract is in :mod:`trtserve.ha
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,6 +18,7 @@ import numpy as np
 from trtserve.datatypes import Tensors
 from trtserve.errors import BackendError, TrtServeError
 from trtserve.handlers import load_handler
+from trtserve.ipc.admission import UNTIMED, Ask
 from trtserve.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -48,21 +48,17 @@ class FrontendModel:
         self.handler = load_handler(spec)
 
     async def infer(
-        self, inputs: Tensors, *, version: str | None = None, priority: int = 0, timeout: float | None = None,
-        deadline: float = math.inf, received: float | None = None,
+        self, inputs: Tensors, ask: Ask = UNTIMED, *, version: str | None = None,
     ) -> tuple[Tensors, float, str]:
         """Run one request through pre-processing, the engine core and post-processing.
 
         Args:
             inputs: validated request tensors (batch on axis 0 for a batched model).
+            ask: the request's timing (:class:`~trtserve.ipc.admission.Ask`; default
+                :data:`~trtserve.ipc.admission.UNTIMED`, a tool's call in process).
             version: the version to run (default: this spec's); empty: the highest version
                 the engine core serves when the rows arrive, so that a request sent across a
                 reload's switch runs on whichever side of it the core is.
-            priority: the ``priority`` parameter (1 is the most urgent; 0 for the default).
-            timeout: the ``timeout`` parameter in seconds, or ``None``.
-            deadline: the gRPC deadline, monotonic seconds (``math.inf``: none).
-            received: when the front end read the request, monotonic seconds: the
-                ``timeout`` counts from it (``None``: from its admission in the engine core).
 
         Returns:
             (outputs, deadline, version): output name → array (batch on axis 0 for a batched
@@ -80,16 +76,15 @@ class FrontendModel:
             segments = [inputs]
         else:
             segments = [{name: arr[np.newaxis] for name, arr in inputs.items()}]
-        outputs, resolved, answered = await self.engine.infer(
-            self.spec.name, self.spec.version if version is None else version, segments,
-            priority=priority, timeout=timeout, deadline=deadline, received=received,
+        outputs, deadline, answered = await self.engine.infer(
+            self.spec.name, self.spec.version if version is None else version, segments, ask,
         )
         if self.handler is not None:
-            return await self._on_pool(self.handler.postprocess, inputs, outputs), resolved, answered
+            return await self._on_pool(self.handler.postprocess, inputs, outputs), deadline, answered
         out = outputs[0]
         if not self.spec.batched:
             out = {name: arr[0] for name, arr in out.items()}
-        return out, resolved, answered
+        return out, deadline, answered
 
     async def _on_pool(self, fn: Callable[..., T], *args: Any) -> T:
         try:

@@ -19,7 +19,7 @@ from trtserve.config import BatchingPolicy, QueuePolicy
 from trtserve.datatypes import DATATYPES
 from trtserve.engine.queries import CoreQueries
 from trtserve.ipc import framing
-from trtserve.ipc.admission import QueueHint, deadline_of
+from trtserve.ipc.admission import Ask, QueueHint, transport_deadline_of
 from trtserve.ipc.engine import EngineQueries
 from trtserve.ipc.messages import (
     CLASS_OF,
@@ -48,7 +48,7 @@ HINT = QueueHint(0.002, BatchingPolicy(max_batch_size=8, default_queue=QueuePoli
                  ((1, 13.0, 13.1),), ((1, 14.0),))
 SAMPLES = [
     Hello(4242, 3),
-    Infer(7, "minilm", "", 2, 0.25, math.inf, 12.5, ((("TEXT", "BYTES", (2, 1)),),)),
+    Infer(7, "minilm", "", Ask(2, 0.25, math.inf, 12.5), ((("TEXT", "BYTES", (2, 1)),),)),
     Cancel(7),
     Records(5, (Outcome("tiny", "OK", 0.004, None, False), Outcome("_unknown", "NOT_FOUND", 0.0001, None, False),
                 Outcome("tiny", "RESOURCE_EXHAUSTED", 0.0002, "queue_full", False)), {"tiny": 2}),
@@ -154,5 +154,5 @@ def test_every_query_is_a_method_on_both_sides_with_the_same_arguments():
 
 
 def test_a_deadline_is_absolute_on_the_shared_monotonic_clock():
-    assert deadline_of(None, 50.0) == math.inf
-    assert deadline_of(0.25, 50.0) == 50.25
+    assert transport_deadline_of(None, 50.0) == math.inf
+    assert transport_deadline_of(0.25, 50.0) == 50.25

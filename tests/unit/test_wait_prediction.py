@@ -14,7 +14,7 @@ from trtserve.batching.queue import QueueEntry, RequestQueue
 from trtserve.batching.wait import FULL_HORIZON_S, batch_floor, deadline_batch, fill, predict, queue_hint
 from trtserve.config import BatchingPolicy, QueuePolicy
 from trtserve.errors import DeadlineUnmeetable, Overloaded, QueueFull
-from trtserve.ipc.admission import QueueHint, admit, shed
+from trtserve.ipc.admission import Ask, QueueHint, admit, shed
 
 
 def affine(a: float = 0.010, b: float = 0.001, cap: int = 8) -> LatencyModel:
@@ -135,16 +135,16 @@ def test_a_hint_refuses_what_the_queue_cannot_serve_in_time():
     hint = queue_hint(queue, policy, now=0.0, free_at=[0.0], cap=8, latency=latency)
     assert [p[2] for p in hint.points] == pytest.approx([0.018, 0.036, 0.054])
     assert hint.min_run == pytest.approx(0.011)
-    assert hint.refusal("m", 0, None, 2.5, 0.0) is None  # behind two entries: 36 ms, then 11 ms
-    assert hint.refusal("m", 0, None, 0.04, 0.0) is None  # due first (earliest deadline): nothing ahead
-    assert isinstance(hint.refusal("m", 0, 0.005, math.inf, 0.0), DeadlineUnmeetable)
+    assert hint.refusal("m", Ask(0, None, 2.5), 0.0) is None  # behind two entries: 36 ms, then 11 ms
+    assert hint.refusal("m", Ask(0, None, 0.04), 0.0) is None  # due first (earliest deadline): nothing ahead
+    assert isinstance(hint.refusal("m", Ask(0, 0.005, math.inf), 0.0), DeadlineUnmeetable)
     # Behind an entry due at 3 s whose rows are done at 3.2 s at the earliest:
     crowded = QueueHint(0.011, policy, 0.0, ((0, 3.0, 3.2),))
-    refusal = crowded.refusal("m", 0, None, 3.1, 0.0)
+    refusal = crowded.refusal("m", Ask(0, None, 3.1), 0.0)
     assert isinstance(refusal, Overloaded)
     assert "the model 'm' is overloaded: predicted queue wait 3200.0 ms" in str(refusal)
-    assert crowded.refusal("m", 0, None, 3.1, 3.15) is not None  # as it ages it still holds...
-    assert crowded.refusal("m", 0, None, 3.5, 3.15) is None  # ... and lets through what now fits
+    assert crowded.refusal("m", Ask(0, None, 3.1), 3.15) is not None  # as it ages it still holds...
+    assert crowded.refusal("m", Ask(0, None, 3.5), 3.15) is None  # ... and lets through what now fits
 
 
 def test_a_hint_says_how_long_a_full_queue_stays_full():
@@ -155,15 +155,15 @@ def test_a_hint_says_how_long_a_full_queue_stays_full():
         queue.push(e, 2)
     busy = queue_hint(queue, policy, now=0.0, free_at=[0.3], cap=8, latency=latency)
     assert busy.full == ((0, 0.3),)
-    assert isinstance(busy.refusal("m", 0, None, math.inf, 0.1), QueueFull)
-    assert busy.refusal("m", 0, None, math.inf, 0.31) is None  # a batch started since: room again
+    assert isinstance(busy.refusal("m", Ask(0, None, math.inf), 0.1), QueueFull)
+    assert busy.refusal("m", Ask(0, None, math.inf), 0.31) is None  # a batch started since: room again
     idle = queue_hint(queue, policy, now=0.0, free_at=[0.0], cap=8, latency=latency)
     assert idle.full == ()
     # A slot idle while the dispatcher holds the batch (a fixed queue delay ending at 2 ms):
     # full until then, and never more than FULL_HORIZON_S ahead.
     held = queue_hint(queue, policy, now=0.0, free_at=[0.0], cap=8, latency=latency, next_look=0.002)
     assert held.full == ((0, 0.002),)
-    assert isinstance(held.refusal("m", 0, None, math.inf, 0.001), QueueFull)
+    assert isinstance(held.refusal("m", Ask(0, None, math.inf), 0.001), QueueFull)
     later = queue_hint(queue, policy, now=0.0, free_at=[0.0], cap=8, latency=latency, next_look=1.0)
     assert later.full == ((0, FULL_HORIZON_S),)
 
@@ -180,19 +180,19 @@ def test_with_a_slot_idle_a_level_with_room_keeps_the_hint_from_saying_full():
 
 
 def test_without_a_hint_only_a_deadline_already_passed_is_refused():
-    assert isinstance(shed(None, "m", 0, None, 1.0, 1.5), DeadlineUnmeetable)
-    assert isinstance(shed(None, "m", 0, 0.0, math.inf, 1.5), DeadlineUnmeetable)
-    assert shed(None, "m", 0, 0.1, math.inf, 1.5) is None
+    assert isinstance(shed(None, "m", Ask(0, None, 1.0), 1.5), DeadlineUnmeetable)
+    assert isinstance(shed(None, "m", Ask(0, 0.0, math.inf), 1.5), DeadlineUnmeetable)
+    assert shed(None, "m", Ask(0, 0.1, math.inf), 1.5) is None
 
 
 def test_the_timeout_parameter_counts_from_when_the_front_end_read_the_request():
     # Read at 1.0 with a 100 ms timeout, checked at 1.15 (after the handler's pre-processing,
     # say): already late, with or without a hint; counted from the check it would pass.
-    assert isinstance(shed(None, "m", 0, 0.1, math.inf, 1.15, received=1.0), DeadlineUnmeetable)
+    assert isinstance(shed(None, "m", Ask(0, 0.1, math.inf, 1.0), 1.15), DeadlineUnmeetable)
     hint = QueueHint(0.001, BatchingPolicy(), 0.0)
-    assert isinstance(hint.refusal("m", 0, 0.1, math.inf, 1.15, received=1.0), DeadlineUnmeetable)
-    assert hint.refusal("m", 0, 0.1, math.inf, 1.15) is None
-    assert admit(BatchingPolicy(), 0, 0.1, math.inf, 1.0)[1] == pytest.approx(1.1)
+    assert isinstance(hint.refusal("m", Ask(0, 0.1, math.inf, 1.0), 1.15), DeadlineUnmeetable)
+    assert hint.refusal("m", Ask(0, 0.1, math.inf), 1.15) is None
+    assert admit(BatchingPolicy(), Ask(0, 0.1), 1.0)[1] == pytest.approx(1.1)
 
 
 def test_behind_a_queue_admission_reads_the_slow_end_and_an_idle_server_the_fast_end():

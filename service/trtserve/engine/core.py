@@ -198,14 +198,12 @@ class EngineCore:
         served: EngineModel | None = None
         try:
             served = self.registry.get(infer.model, infer.version)
-            future, resolved = served.submit(framing.unpack(infer.layout, frames), priority=infer.priority,
-                                             timeout=infer.timeout, deadline=infer.deadline,
-                                             received=infer.received)
+            future, deadline = served.submit(framing.unpack(infer.layout, frames), infer.ask)
         except TrtServeError as exc:
             self._send(peer.identity, Error(infer.rid, type(exc).__name__, str(exc), *self._hint(served)))
             return
         peer.pending[infer.rid] = future
-        future.add_done_callback(partial(self._answer, peer, infer.rid, resolved, served))
+        future.add_done_callback(partial(self._answer, peer, infer.rid, deadline, served))
 
     def _answer(self, peer: FrontendPeer, rid: int, deadline: float, served: EngineModel,
                 future: asyncio.Future[list[Tensors]]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ from trtserve.datatypes import Tensors
 from trtserve.engine.model import EngineModel
 from trtserve.engine.registry import ModelRegistry
 from trtserve.errors import BackendError, RequestTimeout, TrtServeError
-from trtserve.ipc.admission import shed
+from trtserve.ipc.admission import Ask, shed
 from trtserve.ipc.engine import EngineView, ModelInfo
 from trtserve.ipc.messages import Outcome, QueryKind
 from trtserve.pipeline import FrontendModel
@@ -58,14 +57,12 @@ class LocalEngine(EngineView):
                        {name: ModelInfo(name, state, reason, specs) for name, state, reason, specs in core.table()})
 
     async def infer(
-        self, model: str, version: str, segments: list[Tensors], *, priority: int = 0,
-        timeout: float | None = None, deadline: float = math.inf, received: float | None = None,
+        self, model: str, version: str, segments: list[Tensors], ask: Ask,
     ) -> tuple[list[Tensors], float, str]:
         """See :meth:`EngineClient.infer <trtserve.ipc.client.EngineClient.infer>`."""
         served = self.get(model, version)
-        future, resolved = served.submit(segments, priority=priority, timeout=timeout, deadline=deadline,
-                                          received=received)
-        return await future, resolved, served.spec.version
+        future, deadline = served.submit(segments, ask)
+        return await future, deadline, served.spec.version
 
     async def ask(self, what: QueryKind, *args: Any) -> Any:
         """Answer query ``what`` from the engine core's
@@ -80,13 +77,11 @@ class LocalEngine(EngineView):
             log.error("engine core: query failed", exc_info=exc)
             raise BackendError(str(exc)) from exc
 
-    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float, *,
-             received: float | None = None) -> None:
+    def shed(self, model: str, ask: Ask, now: float) -> None:
         """See :meth:`EngineClient.shed <trtserve.ipc.client.EngineClient.shed>`; here the
         model's queue is read directly
         (:meth:`Dispatcher.hint <trtserve.batching.dispatcher.Dispatcher.hint>`)."""
-        refusal = shed(self.get(model, "").dispatcher.hint(), model, priority, timeout, deadline, now,
-                       received=received)
+        refusal = shed(self.get(model, "").dispatcher.hint(), model, ask, now)
         if refusal is not None:
             if isinstance(refusal, RequestTimeout) and self.core is not None:
                 self.core.record((), {model: 1})

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,7 +19,7 @@ from trtserve.datatypes import Tensors
 from trtserve.engine import warmup
 from trtserve.engine.warmup import WARMUP_LENGTH, search_limit, warm_up
 from trtserve.handlers import has_handler
-from trtserve.ipc.admission import admit
+from trtserve.ipc.admission import Ask, admit
 from trtserve.runtimes.base import Backend, batch_limit
 from trtserve.spec import ModelSpec, TensorSpec
 
@@ -83,22 +82,17 @@ class EngineModel:
                      ", ".join(f"{b}: {b / t:.0f}" for b, t in curve.items()), batch_limit(self.backend) or "any")
         self.dispatcher.stats.reset()  # statistics and metrics count traffic, not the warm-up
 
-    def submit(
-        self, segments: list[Tensors], *, priority: int = 0, timeout: float | None = None, deadline: float = math.inf,
-        received: float | None = None,
-    ) -> tuple[asyncio.Future[list[Tensors]], float]:
-        """Admit one request's engine rows: convert them for the engine, resolve the deadline
-        (:func:`~trtserve.ipc.admission.admit`) and queue them. Returns at once.
+    def submit(self, segments: list[Tensors], ask: Ask) -> tuple[asyncio.Future[list[Tensors]], float]:
+        """Admit one request's engine rows: convert them for the engine, resolve its level and
+        deadline (:func:`~trtserve.ipc.admission.admit`, with the policy in force) and queue
+        them. Returns at once.
 
         Args:
             segments: engine-input name → array with rows on axis 0, one dict per segment.
-            priority, timeout: the request's parameters (timeout in seconds, or ``None``).
-            deadline: the gRPC deadline, monotonic seconds (``math.inf``: none).
-            received: when the front end read the request, monotonic seconds: the
-                ``timeout`` and the model's default timeout count from it (``None``: from now).
+            ask: the request's timing (:class:`~trtserve.ipc.admission.Ask`).
 
         Returns:
-            (future of one output dict per segment, the resolved deadline).
+            (future of one output dict per segment, the deadline: monotonic seconds).
 
         Raises:
             InvalidRequest, QueueFull, RequestTimeout, ShuttingDown: see
@@ -106,9 +100,8 @@ class EngineModel:
             and :meth:`~trtserve.batching.dispatcher.Dispatcher.submit`.
         """
         prepared = [self.backend.prepare(s) for s in segments]
-        _level, resolved = admit(self.dispatcher.policy, priority, timeout, deadline,
-                               self.clock.now() if received is None else received)
-        return self.dispatcher.submit(prepared, priority=priority, deadline=resolved), resolved
+        level, deadline = admit(self.dispatcher.policy, ask, self.clock.now())
+        return self.dispatcher.submit(prepared, priority=level, deadline=deadline), deadline
 
     async def aclose(self) -> None:
         """Finish queued and running requests, then release the runtime."""

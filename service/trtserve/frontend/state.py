@@ -22,6 +22,7 @@ from trtserve.errors import ResponseTooLarge, TrtServeError
 from trtserve.frontend.inflight import InflightGate
 from trtserve.frontend.models import ModelTable
 from trtserve.frontend.status import status_name
+from trtserve.ipc.admission import Ask
 from trtserve.ipc.engine import Engine
 from trtserve.ipc.messages import UNKNOWN_MODEL
 from trtserve.logs import REQUEST_LOGGER
@@ -136,10 +137,11 @@ class FrontendState:
 
     # -- the request path -------------------------------------------------------------------
 
-    async def answer(self, request: pb.ModelInferRequest, deadline: float,
+    async def answer(self, request: pb.ModelInferRequest, transport_deadline: float,
                      refusal: TrtServeError | None) -> pb.ModelInferResponse:
         """Answer one request (a unary call, a stream message or an HTTP infer request) by
-        ``deadline`` (the transport's deadline, monotonic seconds) and record its outcome once.
+        ``transport_deadline`` (monotonic seconds, ``math.inf`` for none) and record its outcome
+        once. The request's timing is read here, once, into an :class:`~trtserve.ipc.admission.Ask`.
 
         Raises:
             TrtServeError: its status is the answer (``refusal``, when the in-flight gate refused
@@ -151,7 +153,7 @@ class FrontendState:
         try:
             if refusal is not None:
                 raise refusal
-            response, late = await self._infer(request, deadline, start)
+            response, late = await self._infer(request, transport_deadline, start)
             return response
         except TrtServeError as exc:
             code, error = status_name(exc), exc
@@ -177,19 +179,18 @@ class FrontendState:
                            "duration_ms": round(seconds * 1e3, 3)},
                 )
 
-    async def _infer(self, request: pb.ModelInferRequest, deadline: float,
+    async def _infer(self, request: pb.ModelInferRequest, transport_deadline: float,
                      received: float) -> tuple[pb.ModelInferResponse, bool]:
         model = await self.table.get(request.model_name, request.model_version)
         spec = model.spec
         priority, timeout, final = request_parameters(request)
+        ask = Ask(priority, timeout, transport_deadline, received)
         # Shed before decoding: what cannot finish in time costs no more work here.
-        self.engine.shed(spec.name, priority, timeout, deadline, self.clock.now(), received=received)
+        self.engine.shed(spec.name, ask, self.clock.now())
         inputs, _rows = codec.decode_inputs(request, spec, max_elements=self.max_request_elements)
         chosen = codec.requested_outputs(request, spec)
-        outputs, resolved, version = await model.infer(
-            inputs, version=request.model_version, priority=priority, timeout=timeout, deadline=deadline,
-            received=received)
-        late = self.clock.now() > resolved
+        outputs, deadline, version = await model.infer(inputs, ask, version=request.model_version)
+        late = self.clock.now() > deadline
         response = codec.encode_response(spec, request.id, outputs, chosen)
         response.model_version = version  # the version that answered (across a reload, maybe a newer one)
         if final:  # each request of a model that is not decoupled gets one response: the final one

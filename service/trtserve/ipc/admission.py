@@ -1,6 +1,7 @@
-"""The admission rule, the one place both sides take it from: a request's priority level and
-deadline (:func:`admit`), and the front end's early refusal from the model's queue as the engine
-core last described it (:class:`QueueHint`, :func:`shed`).
+"""The admission rule, the one place both sides take it from: a request's timing as a front end
+read it (:class:`Ask`), its priority level and deadline (:func:`admit`), and the front end's early
+refusal from the model's queue as the engine core last described it (:class:`QueueHint`,
+:func:`shed`).
 
 A request's deadline is the earliest of its transport deadline (gRPC's, or the HTTP request
 header's), its ``timeout`` parameter and its priority level's ``default_timeout``
@@ -8,7 +9,8 @@ header's), its ``timeout`` parameter and its priority level's ``default_timeout`
 it, as in Triton's ModelQueuePolicy). Each side runs it once per request: a front end in
 :func:`shed`, before it decodes a tensor (with the policy the hint carries), and the engine
 core when it queues the rows (with the policy in force: ModelControl may change
-``default_timeout`` at run time).
+``default_timeout`` at run time). After :func:`admit`, "deadline" alone means that resolved
+deadline; the transport's is always called ``transport_deadline``.
 
 A hint's times are absolute (monotonic seconds) and lower bounds (see
 :mod:`trtserve.batching.wait`, which computes them): rows that arrive later only add work,
@@ -19,24 +21,50 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from trtserve.config import BatchingPolicy
 from trtserve.errors import DeadlineUnmeetable, InvalidRequest, Overloaded, QueueFull, TrtServeError
 
 
-def admit(
-    policy: BatchingPolicy, priority: int, timeout: float | None, transport_deadline: float, now: float
-) -> tuple[int, float]:
-    """The priority level and the absolute deadline of a request received at ``now``.
+class Ask(NamedTuple):
+    """A request's timing as the front end read it: built once, where a door reads the request,
+    and carried unchanged through the contract (:meth:`Engine.infer <trtserve.ipc.engine.Engine.infer>`,
+    :class:`~trtserve.ipc.messages.Infer`) to the one place that resolves it (:func:`admit`).
+
+    Attributes:
+        priority: the ``priority`` parameter: 1 is the most urgent; 0 (absent) means the model's
+            ``default_priority_level``.
+        timeout: the ``timeout`` parameter in seconds (the wire carries microseconds), or
+            ``None`` when absent.
+        transport_deadline: the transport's deadline, gRPC's or the HTTP request header's
+            (monotonic seconds; ``math.inf`` for none).
+        received: when the front end read the request (monotonic seconds; CLOCK_MONOTONIC is
+            system-wide on Linux, so the engine core compares it with its own clock): the
+            ``timeout`` and the model's default timeout count from it. ``None``: from the
+            request's admission where it is admitted (a tool calling a model in process).
+    """
+
+    priority: int = 0
+    timeout: float | None = None
+    transport_deadline: float = math.inf
+    received: float | None = None
+
+
+UNTIMED = Ask()
+"""The timing of a call a tool makes in process (``trtserve check``, the Ray bulk actors): the
+model's default priority, no timeout, no transport deadline; only the model's default timeout
+applies, counted from the request's admission."""
+
+
+def admit(policy: BatchingPolicy, ask: Ask, now: float) -> tuple[int, float]:
+    """The priority level and the deadline of a request, resolved once.
 
     Args:
-        priority: the ``priority`` parameter: 1 is the most urgent; 0 (absent) means the
-            model's ``default_priority_level``.
-        timeout: the ``timeout`` parameter in seconds, or ``None`` when absent.
-        transport_deadline: the transport's deadline, gRPC's or the HTTP header's (monotonic
-            seconds; ``math.inf`` for none).
-        now: monotonic seconds: when the front end read the request (the ``timeout`` and
-            the model's default timeout count from it).
+        policy: the model's batching policy (priority levels, default timeouts).
+        ask: the request's timing; its ``timeout`` and the level's default timeout count from
+            ``ask.received``, or from ``now`` when that is ``None``.
+        now: monotonic seconds.
 
     Returns:
         (level, deadline): the level the request is queued at, and monotonic seconds
@@ -45,13 +73,16 @@ def admit(
     Raises:
         InvalidRequest (INVALID_ARGUMENT): ``priority`` outside ``1..priority_levels``.
     """
+    priority = ask.priority
     if priority < 0 or (policy.priority_levels and priority > policy.priority_levels):
         raise InvalidRequest(
             f"parameter 'priority' is {priority}; this model has priority levels 1..{policy.priority_levels}"
         )
     level = policy.level(priority)
-    budget = policy.queue_policy(level).timeout_for(timeout)
-    return level, min(transport_deadline, now + budget if math.isfinite(budget) else math.inf)
+    budget = policy.queue_policy(level).timeout_for(ask.timeout)
+    if not math.isfinite(budget):
+        return level, ask.transport_deadline
+    return level, min(ask.transport_deadline, (now if ask.received is None else ask.received) + budget)
 
 
 @dataclass(frozen=True)
@@ -77,19 +108,13 @@ class QueueHint:
     points: tuple[tuple[int, float, float], ...] = ()
     full: tuple[tuple[int, float], ...] = ()
 
-    def refusal(
-        self, model: str, priority: int, timeout: float | None, transport_deadline: float, now: float, *,
-        received: float | None = None,
-    ) -> TrtServeError | None:
+    def refusal(self, model: str, ask: Ask, now: float) -> TrtServeError | None:
         """The error a front end answers without sending the request, or ``None`` to send it.
 
         Args:
             model: the model's name (for the message).
-            priority, timeout: the request's parameters (timeout in seconds, or ``None``).
-            transport_deadline: the transport's deadline (monotonic seconds, ``math.inf`` for
-                none).
-            now: monotonic seconds; received: when the front end read the request, which the
-                ``timeout`` counts from (``None``: ``now``).
+            ask: the request's timing (:func:`admit` resolves its level and deadline).
+            now: monotonic seconds.
 
         Returns:
             DeadlineUnmeetable (DEADLINE_EXCEEDED), QueueFull or Overloaded (RESOURCE_EXHAUSTED);
@@ -98,8 +123,7 @@ class QueueHint:
         Raises:
             InvalidRequest: ``priority`` outside the model's levels (as the engine core would).
         """
-        base = now if received is None else received
-        level, deadline = admit(self.policy, priority, timeout, transport_deadline, base)
+        level, deadline = admit(self.policy, ask, now)
         if deadline < now + self.min_run:
             return DeadlineUnmeetable(
                 f"the request's deadline is {max(deadline - now, 0.0) * 1e3:.3f} ms away; a batch of one of model "
@@ -123,8 +147,7 @@ class QueueHint:
         return None
 
 
-def shed(hint: QueueHint | None, model: str, priority: int, timeout: float | None, transport_deadline: float,
-         now: float, *, received: float | None = None) -> TrtServeError | None:
+def shed(hint: QueueHint | None, model: str, ask: Ask, now: float) -> TrtServeError | None:
     """A front end's refusal before it sends a request: :meth:`QueueHint.refusal`, or with no
     hint yet (no answer of this model has come back), DeadlineUnmeetable for a deadline
     already passed (the request was read too late), else ``None``.
@@ -133,20 +156,21 @@ def shed(hint: QueueHint | None, model: str, priority: int, timeout: float | Non
         InvalidRequest: with a hint, ``priority`` outside the model's levels.
     """
     if hint is not None:
-        return hint.refusal(model, priority, timeout, transport_deadline, now, received=received)
-    base = now if received is None else received
-    latest = min(transport_deadline, base + timeout) if timeout is not None else transport_deadline
+        return hint.refusal(model, ask, now)
+    latest = ask.transport_deadline
+    if ask.timeout is not None:
+        latest = min(latest, (now if ask.received is None else ask.received) + ask.timeout)
     if latest <= now:
         return DeadlineUnmeetable(f"the request's deadline passed {(now - latest) * 1e3:.3f} ms before the server "
                                   f"could start on it (model '{model}')")
     return None
 
 
-def deadline_of(remaining: float | None, now: float) -> float:
+def transport_deadline_of(remaining: float | None, now: float) -> float:
     """A call's time remaining (seconds, ``None`` for no deadline) as an absolute monotonic
     deadline (``math.inf`` for none). CLOCK_MONOTONIC is system-wide on Linux, so the engine
     core compares it with its own clock."""
     return math.inf if remaining is None else now + remaining
 
 
-__all__ = ["QueueHint", "admit", "deadline_of", "shed"]
+__all__ = ["UNTIMED", "Ask", "QueueHint", "admit", "transport_deadline_of", "shed"]

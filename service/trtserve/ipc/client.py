@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from trtserve.clock import Clock, MonotonicClock
 from trtserve.datatypes import Tensors
 from trtserve.errors import RequestTimeout, ShuttingDown
 from trtserve.ipc import framing
-from trtserve.ipc.admission import QueueHint, shed
+from trtserve.ipc.admission import Ask, QueueHint, shed
 from trtserve.ipc.channel import Channel, open_socket
 from trtserve.ipc.engine import EngineView, ModelInfo
 from trtserve.ipc.messages import (
@@ -97,8 +96,7 @@ class EngineClient(EngineView):
             self._channel.close()
 
     async def infer(
-        self, model: str, version: str, segments: list[Tensors], *, priority: int = 0,
-        timeout: float | None = None, deadline: float = math.inf, received: float | None = None,
+        self, model: str, version: str, segments: list[Tensors], ask: Ask,
     ) -> tuple[list[Tensors], float, str]:
         """Run one request's engine rows in the engine core.
 
@@ -106,11 +104,7 @@ class EngineClient(EngineView):
             model, version: the model, and the version asked for (empty: the highest the
                 engine core serves when the rows arrive).
             segments: engine-input name → array with rows on axis 0, one dict per segment.
-            priority: the ``priority`` parameter (1 is the most urgent; 0 for the default).
-            timeout: the ``timeout`` parameter in seconds, or ``None``.
-            deadline: the transport's deadline, monotonic seconds (``math.inf``: none).
-            received: when the front end read the request, monotonic seconds: the
-                ``timeout`` counts from it (``None``: from its arrival in the engine core).
+            ask: the request's timing (:class:`~trtserve.ipc.admission.Ask`).
 
         The front end has run :meth:`shed` on the request already (before decoding it).
 
@@ -127,7 +121,7 @@ class EngineClient(EngineView):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[list[Tensors], float, str]] = loop.create_future()
         self._pending[rid] = future
-        self._send(Infer(rid, model, version, priority, timeout, deadline, received, layout), frames)
+        self._send(Infer(rid, model, version, ask, layout), frames)
         try:
             return await future
         except asyncio.CancelledError:
@@ -151,18 +145,14 @@ class EngineClient(EngineView):
         finally:
             self._pending.pop(rid, None)
 
-    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float, *,
-             received: float | None = None) -> None:
+    def shed(self, model: str, ask: Ask, now: float) -> None:
         """Refuse, without sending it, a request that cannot finish in time, judged by the
         model's queue as the engine core's last answer described it
         (:meth:`QueueHint.refusal <trtserve.ipc.admission.QueueHint.refusal>`). Cheap: no
         tensor is decoded for it, so a front end calls it first.
 
         Args:
-            priority, timeout: the request's parameters (timeout in seconds, or ``None``).
-            deadline: the transport's deadline, monotonic seconds (``math.inf``: none); ``now``:
-                monotonic seconds; ``received``: when the front end read the request, which the
-                ``timeout`` counts from (``None``: ``now``).
+            model: the model's name; ``ask``: the request's timing; ``now``: monotonic seconds.
 
         Raises:
             DeadlineUnmeetable (DEADLINE_EXCEEDED): even a batch of one started now would finish
@@ -171,7 +161,7 @@ class EngineClient(EngineView):
             Overloaded (RESOURCE_EXHAUSTED): the predicted queue wait exceeds the deadline.
             InvalidRequest (INVALID_ARGUMENT): a priority outside the model's levels.
         """
-        refusal = shed(self._hints.get(model), model, priority, timeout, deadline, now, received=received)
+        refusal = shed(self._hints.get(model), model, ask, now)
         if refusal is not None:
             if isinstance(refusal, RequestTimeout):
                 self._refused[model] += 1

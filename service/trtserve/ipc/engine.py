@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trtserve.datatypes import Tensors
 from trtserve.errors import ModelNotFound, ModelNotReady
+from trtserve.ipc.admission import Ask
 from trtserve.ipc.messages import QueryKind
 from trtserve.spec import ModelSpec
 
@@ -161,15 +161,13 @@ class Engine(Protocol):
         ...
 
     async def infer(
-        self, model: str, version: str, segments: list[Tensors], *, priority: int = 0,
-        timeout: float | None = None, deadline: float = math.inf, received: float | None = None,
+        self, model: str, version: str, segments: list[Tensors], ask: Ask,
     ) -> tuple[list[Tensors], float, str]:
         """Run one request's engine rows; returns (outputs per segment, the resolved deadline,
         the version that answered). See :meth:`EngineClient.infer <trtserve.ipc.client.EngineClient.infer>`."""
         ...
 
-    def shed(self, model: str, priority: int, timeout: float | None, deadline: float, now: float, *,
-             received: float | None = None) -> None:
+    def shed(self, model: str, ask: Ask, now: float) -> None:
         """Refuse a request that cannot finish in time before it crosses (the admission rule's
         front-end side, :func:`~trtserve.ipc.admission.shed`); call once per request, before
         decoding."""

@@ -29,6 +29,7 @@ import enum
 import pickle
 from typing import Any, NamedTuple
 
+from trtserve.ipc.admission import Ask
 from trtserve.ipc.framing import Layout
 
 
@@ -100,21 +101,15 @@ class Infer(NamedTuple):
         rid: request id, unique per front end.
         model, version: the model, and the version asked for (empty: the highest served
             when the rows arrive).
-        priority: the ``priority`` parameter (1 is the most urgent; 0 for the default).
-        timeout: the ``timeout`` parameter in seconds, or None.
-        deadline: the transport's deadline, monotonic seconds (``math.inf``: none).
-        received: when the front end read the request, monotonic seconds (CLOCK_MONOTONIC is
-            system-wide): the ``timeout`` counts from it; ``None``: from its arrival here.
+        ask: the request's timing as the front end read it
+            (:class:`~trtserve.ipc.admission.Ask`; the engine core resolves it once).
         layout: the tensor frames' layout (:func:`trtserve.ipc.framing.pack`).
     """
 
     rid: int
     model: str
     version: str
-    priority: int
-    timeout: float | None
-    deadline: float
-    received: float | None
+    ask: Ask
     layout: Layout
 
 

@@ -36,7 +36,7 @@ from trtserve.frontend.grpc.status import status_for
 from trtserve.frontend.grpc.stream import serve_stream
 from trtserve.frontend.inflight import GRACE_EXPIRED
 from trtserve.frontend.state import FrontendState
-from trtserve.ipc.admission import deadline_of
+from trtserve.ipc.admission import transport_deadline_of
 
 DEFAULT_STREAM_INFLIGHT = 256
 """Requests of one stream processed at once before reading pauses (``--stream-inflight``)."""
@@ -193,7 +193,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         # The request path is awaited here directly, not through _call: two coroutine frames fewer per call.
         with self.inflight.held(asyncio.current_task()) as refusal:
             try:
-                return await self.state.answer(request, self.deadline_of(context), refusal)
+                return await self.state.answer(request, self.transport_deadline(context), refusal)
             except TrtServeError as exc:
                 # The status goes out with grpc's final batch (the response is discarded on a non-OK
                 # code), not through abort's own batch and AbortError: a refused call cost the server
@@ -213,10 +213,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         (:func:`~trtserve.frontend.grpc.stream.serve_stream`, which writes the responses)."""
         await serve_stream(self, request_iterator, context)
 
-    def deadline_of(self, context: Any) -> float:
+    def transport_deadline(self, context: Any) -> float:
         """The call's gRPC deadline as monotonic seconds (``math.inf`` for none), taken once
         per call: every message of a stream shares it, so they queue in arrival order."""
-        return deadline_of(context.time_remaining(), self.clock.now())
+        return transport_deadline_of(context.time_remaining(), self.clock.now())
 
     async def _call(self, context: Any, fn: Any, *args: Any) -> Any:
         try:

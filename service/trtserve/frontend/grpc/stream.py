@@ -41,7 +41,7 @@ class StreamOwner(Protocol):
         <trtserve.frontend.state.FrontendState.answer>` answers each message)."""
         ...
 
-    def deadline_of(self, context: Any) -> float:
+    def transport_deadline(self, context: Any) -> float:
         """The call's gRPC deadline, monotonic seconds (shared by every message of the stream)."""
         ...
 
@@ -61,12 +61,12 @@ async def serve_stream(
     unanswered = 0
     reading = True
 
-    deadline = service.deadline_of(context)
+    transport_deadline = service.transport_deadline(context)
 
     async def answer(request: pb.ModelInferRequest, refusal: TrtServeError | None) -> None:
         nonlocal unanswered
         try:
-            response = await answer_one(request, deadline, refusal)
+            response = await answer_one(request, transport_deadline, refusal)
             message = pb.ModelStreamInferResponse(infer_response=response)
         except TrtServeError as exc:
             message = stream_error(request, exc)

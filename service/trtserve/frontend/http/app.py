@@ -301,15 +301,15 @@ class RestApp:
         state = self.state
         now = state.clock.now()
         with state.inflight.held(asyncio.current_task()) as refusal:
-            deadline = float("inf")
+            transport_deadline = float("inf")
             try:
-                deadline = _deadline(headers, now)
+                transport_deadline = _transport_deadline(headers, now)
                 served = await state.table.get(model, version)  # an unknown model is 404 first
                 request, built = build(served)
             except TrtServeError as exc:  # answered, and counted, as a decoding failure is
                 request = pb.ModelInferRequest(model_name=model, model_version=version)
                 refusal = refusal or exc
-            response = await state.answer(request, deadline, refusal)
+            response = await state.answer(request, transport_deadline, refusal)
         return response, built
 
 
@@ -321,7 +321,7 @@ def _parse(body: bytes, headers: dict[bytes, bytes], model: str, version: str) -
     return rest.parse_infer(body, int(length) if length is not None else None, model, version)
 
 
-def _deadline(headers: dict[bytes, bytes], now: float) -> float:
+def _transport_deadline(headers: dict[bytes, bytes], now: float) -> float:
     value = headers.get(TIMEOUT_HEADER.encode())
     if value is None:
         return float("inf")
