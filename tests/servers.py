@@ -27,6 +27,7 @@ from trtserve.engine.lifecycle import LifecycleConfig
 from trtserve.engine.registry import ModelRegistry
 from trtserve.frontend.doors import open_doors
 from trtserve.ipc.client import EngineClient
+from trtserve.ipc.queries import ServerReady
 
 
 class ServerThread:
@@ -125,7 +126,7 @@ class ServerThread:
         """The engine core's metrics port, once every request answered so far is counted there
         (the front ends ship their records over ZeroMQ; a query goes behind them)."""
         for engine in self.engines:
-            self.call(engine.server_ready())
+            self.call(engine.query(ServerReady()))
         assert self.core.metrics is not None
         return self.core.metrics.port
 

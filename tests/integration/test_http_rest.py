@@ -30,6 +30,7 @@ from tritonclient.utils import InferenceServerException
 from integration.helpers import wait_for_file, write_gate
 from servers import ServerThread
 from trtserve.client import Client, Credentials
+from trtserve.ipc.queries import ServerReady
 
 LIMIT = 4096  # the module server's --max-receive-bytes: the HTTP door's body limit
 MODELS = ("tiny", "identity_fp32", "echo_bytes", "minilm")
@@ -107,7 +108,7 @@ def sync_records(srv: ServerThread) -> None:
     """Until every answer so far is counted by the engine core (each front end ships its
     records over its own connection; a query there goes behind them)."""
     for engine in srv.engines:
-        srv.call(engine.server_ready())
+        srv.call(engine.query(ServerReady()))
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-frontend", "2-frontends"])

@@ -30,17 +30,17 @@ from trtserve.engine.metrics import MetricsServer, RequestStats, TrtServeCollect
 from trtserve.engine.model import EngineModel
 from trtserve.engine.queries import CoreQueries
 from trtserve.engine.registry import ModelRegistry
-from trtserve.errors import TrtServeError
+from trtserve.errors import ErrorCode, TrtServeError
 from trtserve.ipc import framing
 from trtserve.ipc.admission import QueueHint
 from trtserve.ipc.channel import Channel, open_socket
-from trtserve.ipc.engine import ModelState
 from trtserve.ipc.messages import (
     Cancel,
     Error,
     Hello,
     Infer,
     Message,
+    ModelState,
     Outcome,
     Query,
     Records,
@@ -51,6 +51,7 @@ from trtserve.ipc.messages import (
     decode,
     encode,
     pickled,
+    spec_out,
 )
 from trtserve.spec import ModelSpec
 
@@ -200,7 +201,7 @@ class EngineCore:
             served = self.registry.get(infer.model, infer.version)
             future, deadline = served.submit(framing.unpack(infer.layout, frames), infer.ask)
         except TrtServeError as exc:
-            self._send(peer.identity, Error(infer.rid, type(exc).__name__, str(exc), *self._hint(served)))
+            self._send(peer.identity, Error(infer.rid, exc.error_code, str(exc), *self._hint(served)))
             return
         peer.pending[infer.rid] = future
         future.add_done_callback(partial(self._answer, peer, infer.rid, deadline, served))
@@ -212,8 +213,8 @@ class EngineCore:
             return  # the caller went away; nobody reads an answer
         exc = future.exception()
         if exc is not None:
-            name = type(exc).__name__ if isinstance(exc, TrtServeError) else "BackendError"
-            self._send(peer.identity, Error(rid, name, str(exc), *self._hint(served)))
+            code = exc.error_code if isinstance(exc, TrtServeError) else ErrorCode.BACKEND_ERROR
+            self._send(peer.identity, Error(rid, code, str(exc), *self._hint(served)))
             return
         layout, frames = framing.pack(future.result())
         result = Result(rid, deadline, layout, served.spec.version, *self._hint(served))
@@ -230,7 +231,7 @@ class EngineCore:
 
     def _on_query(self, peer: FrontendPeer, query: Query, _frames: list[Any]) -> None:
         try:
-            value = getattr(self.queries, query.what.value)(*query.args)
+            value = self.queries.answer(query.query)
         except Exception as exc:  # every query is answered: a bug becomes INTERNAL, not a hung call
             self._reply(peer, query.rid, exc, None)
             return
@@ -239,10 +240,10 @@ class EngineCore:
             return
         self._reply(peer, query.rid, None, value)
 
-    def table(self) -> list[tuple[str, str, str, tuple[ModelSpec, ...]]]:
+    def table(self) -> list[tuple[str, ModelState, str, tuple[ModelSpec, ...]]]:
         """(name, state, reason, the specs of its served versions, ascending, when READY) of
         every model in the table."""
-        return [(name, e.state.value, e.reason,
+        return [(name, e.state, e.reason,
                  tuple(m.spec for m in e.versions.values()) if e.state is ModelState.READY else ())
                 for name, e in sorted(self.registry.models.items())]
 
@@ -256,8 +257,8 @@ class EngineCore:
             return
         if not isinstance(exc, TrtServeError):
             log.error("engine core: query failed", exc_info=exc)
-        name = type(exc).__name__ if isinstance(exc, TrtServeError) else "BackendError"
-        self._send(peer.identity, Reply(rid, str(exc), name))
+        code = exc.error_code if isinstance(exc, TrtServeError) else ErrorCode.BACKEND_ERROR
+        self._send(peer.identity, Reply(rid, str(exc), code))
 
     def _publish(self) -> None:
         """Send the model table to every front end (once loaded)."""
@@ -269,7 +270,7 @@ class EngineCore:
             listener()
 
     def _send_table(self, identity: bytes) -> None:
-        models = tuple(TableEntry(name, state, reason, tuple(framing.spec_out(s) for s in specs))
+        models = tuple(TableEntry(name, state, reason, tuple(spec_out(s) for s in specs))
                        for name, state, reason, specs in self.table())
         table = Table(self.loaded, self.lifecycle.ready, self.lifecycle.config.strict_readiness, models)
         self._send(identity, table)

@@ -34,6 +34,7 @@ from google.protobuf import json_format
 from trtserve._proto.inference import model_config_pb2 as mc
 from trtserve.engine.registry import ModelRegistry
 from trtserve.errors import InvalidRequest, ModelControlDisabled, ModelNotFound, Unsupported
+from trtserve.ipc.messages import ModelState
 from trtserve.repository import fingerprint, model_dirs
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ class ModelLifecycle:
             return  # in the repository and not loaded: nothing to do, as Triton
         await self.registry.unload(name)
 
-    def index(self) -> list[tuple[str, str, str, str]]:
+    def index(self) -> list[tuple[str, str, ModelState, str]]:
         """(name, version, state, reason) of every model in the repository or the table: one
         row per served version; a model directory never loaded is UNAVAILABLE, "not loaded"."""
         rows = []
@@ -168,11 +169,11 @@ class ModelLifecycle:
         for name in sorted(set(entries) | dirs):
             entry = entries.get(name)
             if entry is None:
-                rows.append((name, "", "UNAVAILABLE", "not loaded"))
+                rows.append((name, "", ModelState.UNAVAILABLE, "not loaded"))
             elif entry.versions:
-                rows += [(name, version, entry.state.value, entry.reason) for version in entry.versions]
+                rows += [(name, version, entry.state, entry.reason) for version in entry.versions]
             else:
-                rows.append((name, "", entry.state.value, entry.reason))
+                rows.append((name, "", entry.state, entry.reason))
         return rows
 
     async def aclose(self) -> None:

@@ -13,24 +13,26 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from trtserve.datatypes import Tensors
 from trtserve.engine.model import EngineModel
 from trtserve.engine.registry import ModelRegistry
 from trtserve.errors import BackendError, RequestTimeout, TrtServeError
 from trtserve.ipc.admission import Ask, shed
-from trtserve.ipc.engine import EngineView, ModelInfo
-from trtserve.ipc.messages import Outcome, QueryKind
+from trtserve.ipc.engine import Engine, ModelInfo
+from trtserve.ipc.messages import Outcome
+from trtserve.ipc.queries import EngineQuery
 from trtserve.pipeline import FrontendModel
 
 if TYPE_CHECKING:
     from trtserve.engine.core import EngineCore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-class LocalEngine(EngineView):
+class LocalEngine(Engine):
     """Requests straight into the dispatchers of the models that ``get(name, version)``
     returns (:meth:`ModelRegistry.get <trtserve.engine.registry.ModelRegistry.get>`), on the
     running event loop; with ``core``, the rest of the
@@ -64,12 +66,12 @@ class LocalEngine(EngineView):
         future, deadline = served.submit(segments, ask)
         return await future, deadline, served.spec.version
 
-    async def ask(self, what: QueryKind, *args: Any) -> Any:
-        """Answer query ``what`` from the engine core's
-        :class:`~trtserve.engine.queries.CoreQueries` (awaiting ``load`` and ``unload``)."""
+    async def query(self, query: EngineQuery[T]) -> T:
+        """The engine core's answer (:meth:`CoreQueries.answer
+        <trtserve.engine.queries.CoreQueries.answer>`, awaiting ``Load`` and ``Unload``)."""
         assert self.core is not None
         try:
-            value = getattr(self.core.queries, what.value)(*args)
+            value = self.core.queries.answer(query)
             return await value if asyncio.iscoroutine(value) else value
         except TrtServeError:
             raise

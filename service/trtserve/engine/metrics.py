@@ -41,7 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from trtserve.batching.stats import DURATION_BUCKETS, Histogram
 from trtserve.clock import Clock, wall_time_ns
-from trtserve.ipc.messages import UNKNOWN_MODEL
+from trtserve.ipc.messages import UNKNOWN_MODEL, ModelState
 
 if TYPE_CHECKING:
     from trtserve.batching.dispatcher import Dispatcher
@@ -327,7 +327,7 @@ class TrtServeCollector:
         )
         now = self.clock.now()
         for name, entry in sorted(list(self.registry.models.items())):
-            serving = entry.state.value == "READY"
+            serving = entry.state is ModelState.READY
             for version, served in list(entry.versions.items()) or [("", None)]:
                 healthy = served is not None and served.dispatcher.healthy
                 ready.add_metric([name, version], 1.0 if serving and healthy else 0.0)

@@ -1,10 +1,9 @@
-"""The engine core's answers to the front ends' queries: one method per
-:class:`~trtserve.ipc.messages.QueryKind`, of the same name, with the arguments of
-:class:`~trtserve.ipc.engine.EngineQueries` (whose methods send them).
+"""The engine core's answers to the front ends' queries (:mod:`trtserve.ipc.queries`): one
+function per query class, in one table (:meth:`CoreQueries.answer`).
 
-A method returns its value, or (``load``, ``unload``) a coroutine that finishes once the model
-is served or unloaded; the engine core answers those when they finish, serving meanwhile.
-Each raises the error its RPC answers: ModelNotFound, ModelNotReady, ModelControlDisabled,
+An answer is its value, or (``Load``, ``Unload``) a coroutine that finishes once the model is
+served or unloaded; the engine core answers those when they finish, serving meanwhile. Each
+raises the error its RPC answers: ModelNotFound, ModelNotReady, ModelControlDisabled,
 InvalidRequest.
 """
 
@@ -19,6 +18,18 @@ from trtserve.engine import policy_update, statistics
 from trtserve.engine.lifecycle import ModelLifecycle
 from trtserve.engine.metrics import RequestStats
 from trtserve.engine.registry import ModelRegistry
+from trtserve.ipc.queries import (
+    EngineQuery,
+    GetPolicy,
+    InflightBound,
+    Load,
+    ModelReady,
+    RepositoryIndex,
+    ServerReady,
+    SetPolicy,
+    Statistics,
+    Unload,
+)
 
 
 class CoreQueries:
@@ -37,49 +48,55 @@ class CoreQueries:
         self.lifecycle = lifecycle
         self.requests = requests
         self._loaded = loaded
+        # The one table: query class → its answer (trtserve.ipc.queries says what each asks).
+        self.answers: dict[type[EngineQuery[Any]], Callable[[Any], Any]] = {
+            ServerReady: self._server_ready,
+            ModelReady: self._model_ready,
+            Statistics: self._statistics,
+            RepositoryIndex: self._repository_index,
+            Load: self._load,
+            Unload: self._unload,
+            GetPolicy: self._get_policy,
+            SetPolicy: self._set_policy,
+            InflightBound: self._inflight_bound,
+        }
 
-    def server_ready(self) -> bool:
-        """Loaded, and ready by the readiness rule (``--strict-readiness``)."""
+    def answer(self, query: EngineQuery[Any]) -> Any:
+        """The answer to ``query``: its value, or a coroutine of it (``Load``, ``Unload``).
+
+        Raises:
+            TrtServeError: the query's error (see :mod:`trtserve.ipc.queries`).
+        """
+        return self.answers[type(query)](query)
+
+    def _server_ready(self, _query: ServerReady) -> bool:
         return self._loaded() and self.lifecycle.ready
 
-    def model_ready(self, name: str, version: str) -> bool:
-        """See :func:`~trtserve.engine.statistics.model_ready`."""
-        return statistics.model_ready(self.registry, name, version)
+    def _model_ready(self, query: ModelReady) -> bool:
+        return statistics.model_ready(self.registry, query.name, query.version)
 
-    def statistics(self, name: str, version: str) -> bytes:
-        """A serialized ModelStatisticsResponse
-        (:func:`~trtserve.engine.statistics.model_statistics`)."""
-        return statistics.model_statistics(self.registry, self.requests, name, version).SerializeToString()
+    def _statistics(self, query: Statistics) -> bytes:
+        return statistics.model_statistics(self.registry, self.requests, query.name, query.version).SerializeToString()
 
-    def repository_index(self, ready_only: bool) -> bytes:
-        """A serialized RepositoryIndexResponse (:func:`~trtserve.engine.statistics.repository_index`)."""
-        return statistics.repository_index(self.lifecycle.index(), ready_only).SerializeToString()
+    def _repository_index(self, query: RepositoryIndex) -> bytes:
+        return statistics.repository_index(self.lifecycle.index(), query.ready_only).SerializeToString()
 
-    def load(self, name: str, parameters: dict[str, Any]) -> Coroutine[Any, Any, None]:
-        """RepositoryModelLoad (:meth:`~trtserve.engine.lifecycle.ModelLifecycle.load`)."""
-        return self.lifecycle.load(name, parameters)
+    def _load(self, query: Load) -> Coroutine[Any, Any, None]:
+        return self.lifecycle.load(query.name, query.parameters)
 
-    def unload(self, name: str, parameters: dict[str, Any]) -> Coroutine[Any, Any, None]:
-        """RepositoryModelUnload (:meth:`~trtserve.engine.lifecycle.ModelLifecycle.unload`)."""
-        return self.lifecycle.unload(name, parameters)
+    def _unload(self, query: Unload) -> Coroutine[Any, Any, None]:
+        return self.lifecycle.unload(query.name, query.parameters)
 
-    def get_policy(self, request: bytes) -> bytes:
-        """ModelControl GetPolicy, serialized in and out
-        (:func:`~trtserve.engine.policy_update.get_policy`)."""
-        answer = policy_update.get_policy(self.registry, control_pb2.GetPolicyRequest.FromString(request))
+    def _get_policy(self, query: GetPolicy) -> bytes:
+        answer = policy_update.get_policy(self.registry, control_pb2.GetPolicyRequest.FromString(query.request))
         return answer.SerializeToString()
 
-    def set_policy(self, request: bytes) -> bytes:
-        """ModelControl SetPolicy, serialized in and out
-        (:func:`~trtserve.engine.policy_update.set_policy`)."""
-        answer = policy_update.set_policy(self.registry, control_pb2.SetPolicyRequest.FromString(request))
+    def _set_policy(self, query: SetPolicy) -> bytes:
+        answer = policy_update.set_policy(self.registry, control_pb2.SetPolicyRequest.FromString(query.request))
         return answer.SerializeToString()
 
-    def inflight_bound(self) -> int | None:
-        """A front end's automatic in-flight bound (:func:`~trtserve.batching.capacity.inflight_bound`)."""
-        return inflight_bound(
-            [m.dispatcher for e in self.registry.models.values() for m in e.versions.values()]
-        )
+    def _inflight_bound(self, _query: InflightBound) -> int | None:
+        return inflight_bound([m.dispatcher for e in self.registry.models.values() for m in e.versions.values()])
 
 
 __all__ = ["CoreQueries"]

@@ -23,7 +23,7 @@ from trtserve.batching.stats import DispatchStats
 from trtserve.clock import Clock
 from trtserve.engine.model import EngineModel
 from trtserve.errors import ModelNotFound, ModelNotReady
-from trtserve.ipc.engine import ModelState
+from trtserve.ipc.messages import ModelState
 from trtserve.repository import ConfigError, fingerprint, load_specs, model_dirs
 from trtserve.spec import ModelSpec
 

@@ -13,7 +13,7 @@ from trtserve.engine.metrics import ModelRequests, RequestStats
 from trtserve.engine.model import EngineModel
 from trtserve.engine.registry import ModelRegistry
 from trtserve.errors import ModelNotReady, TrtServeError
-from trtserve.ipc.engine import ModelState
+from trtserve.ipc.messages import ModelState
 
 
 def model_statistics(
@@ -72,14 +72,14 @@ def _add_version(
         batch.compute_infer.ns = int(stats.batch_seconds[size] * 1e9)
 
 
-def repository_index(rows: list[tuple[str, str, str, str]], ready_only: bool) -> pb.RepositoryIndexResponse:
+def repository_index(rows: list[tuple[str, str, ModelState, str]], ready_only: bool) -> pb.RepositoryIndexResponse:
     """Triton's RepositoryIndex from ``rows`` (name, version, state, reason: see
     :meth:`ModelLifecycle.index <trtserve.engine.lifecycle.ModelLifecycle.index>`)."""
     response = pb.RepositoryIndexResponse()
     for name, version, state, reason in rows:
-        if ready_only and state != ModelState.READY.value:
+        if ready_only and state is not ModelState.READY:
             continue
-        response.models.add(name=name, version=version, state=state, reason=reason)
+        response.models.add(name=name, version=version, state=state.value, reason=reason)
     return response
 
 

@@ -2,7 +2,7 @@
 handler loaded) per served version, following the engine core's model table.
 
 The engine core sends a new table whenever a model is loaded, reloaded or unloaded
-(:class:`~trtserve.ipc.engine.EngineView`); :class:`ModelTable` then builds what is
+(:class:`~trtserve.ipc.engine.Engine`); :class:`ModelTable` then builds what is
 new (off the loop: a handler may read tokenizer files) and drops what is gone. A model the
 table marks LOADING, UNLOADING or UNAVAILABLE is refused at once, UNAVAILABLE with the state
 and reason, whatever was built for it.
@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
 from trtserve.errors import ModelNotFound, ModelNotReady
-from trtserve.ipc.engine import Engine, ModelInfo, ModelState
+from trtserve.ipc.engine import Engine, ModelInfo
+from trtserve.ipc.messages import ModelState
 from trtserve.pipeline import FrontendModel
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,9 @@ class ModelTable:
                 unloaded or failed to load (the sentence says which, with the reason).
         """
         info = self.engine.model(name)
-        if info.state != ModelState.READY.value or not info.specs:
+        if info.state is not ModelState.READY or not info.specs:
             why = f": {info.reason}" if info.reason else ""
-            raise ModelNotReady(f"model '{name}' is {info.state.lower()}{why}")
+            raise ModelNotReady(f"model '{name}' is {info.state.value.lower()}{why}")
         return info
 
     async def get(self, name: str, version: str) -> FrontendModel:

@@ -25,6 +25,7 @@ from trtserve.frontend.status import status_name
 from trtserve.ipc.admission import Ask
 from trtserve.ipc.engine import Engine
 from trtserve.ipc.messages import UNKNOWN_MODEL
+from trtserve.ipc.queries import InflightBound
 from trtserve.logs import REQUEST_LOGGER
 from trtserve.protocol import codec
 from trtserve.protocol.parameters import request_parameters
@@ -106,7 +107,7 @@ class FrontendState:
             await self.publish_health()
 
     async def _recompute_bound(self) -> None:
-        limit = await self.engine.inflight_bound()
+        limit = await self.engine.query(InflightBound())
         if limit != self.inflight.limit or not self._bound_logged:
             if limit is None:
                 log.info("front end: no bound on requests in progress, as --max-inflight-rpcs auto gives while a model "

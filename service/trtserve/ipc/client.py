@@ -18,17 +18,17 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 
 from trtserve.clock import Clock, MonotonicClock
 from trtserve.datatypes import Tensors
-from trtserve.errors import RequestTimeout, ShuttingDown
+from trtserve.errors import RequestTimeout, ShuttingDown, error_for
 from trtserve.ipc import framing
 from trtserve.ipc.admission import Ask, QueueHint, shed
 from trtserve.ipc.channel import Channel, open_socket
-from trtserve.ipc.engine import EngineView, ModelInfo
+from trtserve.ipc.engine import Engine, ModelInfo
 from trtserve.ipc.messages import (
     Cancel,
     Error,
@@ -37,20 +37,22 @@ from trtserve.ipc.messages import (
     Message,
     Outcome,
     Query,
-    QueryKind,
     Records,
     Reply,
     Result,
     Table,
     decode,
     encode,
+    spec_in,
     unpickled,
 )
+from trtserve.ipc.queries import EngineQuery
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-class EngineClient(EngineView):
+class EngineClient(Engine):
     """Talks to the engine core at ``address`` as front end number ``index`` (a restarted
     front end keeps its number; metrics count requests per number); ``clock`` is the
     monotonic clock deadlines are measured on.
@@ -98,24 +100,9 @@ class EngineClient(EngineView):
     async def infer(
         self, model: str, version: str, segments: list[Tensors], ask: Ask,
     ) -> tuple[list[Tensors], float, str]:
-        """Run one request's engine rows in the engine core.
-
-        Args:
-            model, version: the model, and the version asked for (empty: the highest the
-                engine core serves when the rows arrive).
-            segments: engine-input name → array with rows on axis 0, one dict per segment.
-            ask: the request's timing (:class:`~trtserve.ipc.admission.Ask`).
-
-        The front end has run :meth:`shed` on the request already (before decoding it).
-
-        Returns:
-            (one output dict per segment, arrays viewing the reply's frames; the deadline the
-            engine core resolved, monotonic seconds; the version that answered).
-
-        Raises:
-            InvalidRequest, QueueFull, Overloaded, RequestTimeout, ShuttingDown, BackendError,
-            ModelNotReady, ModelNotFound: as the engine core answered.
-        """
+        """Send one request's engine rows to the engine core and wait for its outputs
+        (:meth:`Engine.infer <trtserve.ipc.engine.Engine.infer>`; the arrays view the reply's
+        frames). Cancelled, it takes the rows out of the engine core's queue."""
         rid = next(self._ids)
         layout, frames = framing.pack(segments)
         loop = asyncio.get_running_loop()
@@ -129,38 +116,23 @@ class EngineClient(EngineView):
                 self._send(Cancel(rid))
             raise
 
-    async def ask(self, what: QueryKind, *args: Any) -> Any:
-        """Send query ``what`` (the outcomes recorded so far go first) and wait for its reply.
-
-        Raises:
-            TrtServeError: the engine core's error for this query (ModelNotFound, ...).
-        """
+    async def query(self, query: EngineQuery[T]) -> T:
+        """Send ``query`` (the outcomes recorded so far go first) and wait for its reply
+        (:meth:`Engine.query <trtserve.ipc.engine.Engine.query>`)."""
         self._flush()
         rid = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
-        self._send(Query(rid, what, args))
+        self._send(Query(rid, query))
         try:
             return await future
         finally:
             self._pending.pop(rid, None)
 
     def shed(self, model: str, ask: Ask, now: float) -> None:
-        """Refuse, without sending it, a request that cannot finish in time, judged by the
-        model's queue as the engine core's last answer described it
-        (:meth:`QueueHint.refusal <trtserve.ipc.admission.QueueHint.refusal>`). Cheap: no
-        tensor is decoded for it, so a front end calls it first.
-
-        Args:
-            model: the model's name; ``ask``: the request's timing; ``now``: monotonic seconds.
-
-        Raises:
-            DeadlineUnmeetable (DEADLINE_EXCEEDED): even a batch of one started now would finish
-                late.
-            QueueFull (RESOURCE_EXHAUSTED): the model's queue at that level is full.
-            Overloaded (RESOURCE_EXHAUSTED): the predicted queue wait exceeds the deadline.
-            InvalidRequest (INVALID_ARGUMENT): a priority outside the model's levels.
-        """
+        """:meth:`Engine.shed <trtserve.ipc.engine.Engine.shed>`, judged by the model's queue as
+        the engine core's last answer described it (:meth:`QueueHint.refusal
+        <trtserve.ipc.admission.QueueHint.refusal>`)."""
         refusal = shed(self._hints.get(model), model, ask, now)
         if refusal is not None:
             if isinstance(refusal, RequestTimeout):
@@ -169,15 +141,8 @@ class EngineClient(EngineView):
             raise refusal
 
     def record(self, model: str, code: str, seconds: float, *, refusal: str | None, late: bool) -> None:
-        """Count one answered request (sent with others on the next turn of the loop).
-
-        Args:
-            model: its model name (or :data:`~trtserve.ipc.messages.UNKNOWN_MODEL`); ``code``:
-                the gRPC status name.
-            seconds: from decoding to the encoded answer.
-            refusal: the reason it was refused at admission (``TrtServeError.refusal``), or None;
-                ``late``: answered OK after its deadline.
-        """
+        """Count one answered request (:meth:`Engine.record <trtserve.ipc.engine.Engine.record>`),
+        sent with others on the next turn of the loop."""
         self._outcomes.append(Outcome(model, code, seconds, refusal, late))
         self._schedule_flush()
 
@@ -215,8 +180,7 @@ class EngineClient(EngineView):
 
     def _on_table(self, table: Table, _frames: list[Any]) -> None:
         self.set_table(table.loaded, table.ready, table.strict, {
-            entry.name: ModelInfo(entry.name, entry.state, entry.reason,
-                                  tuple(framing.spec_in(*spec) for spec in entry.specs))
+            entry.name: ModelInfo(entry.name, entry.state, entry.reason, tuple(spec_in(*spec) for spec in entry.specs))
             for entry in table.models})
 
     def _waiting(self, rid: int) -> asyncio.Future[Any] | None:
@@ -233,14 +197,14 @@ class EngineClient(EngineView):
         self._take_hint(error.model, error.hint)
         future = self._waiting(error.rid)
         if future is not None:
-            future.set_exception(framing.error_of(error.error, error.message))
+            future.set_exception(error_for(error.code, error.message))
 
     def _on_reply(self, reply: Reply, _frames: list[Any]) -> None:
         future = self._waiting(reply.rid)
         if future is None:
             return
-        if reply.error:
-            future.set_exception(framing.error_of(reply.error, reply.value))
+        if reply.error is not None:
+            future.set_exception(error_for(reply.error, reply.value))
         else:
             future.set_result(reply.value)
 

@@ -14,17 +14,13 @@ out into several).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from trtserve import errors
-from trtserve._proto.inference import model_config_pb2 as mc
 from trtserve.datatypes import DATATYPES, Tensors
 from trtserve.protocol.codec import decode_raw, encode_bytes
-from trtserve.spec import ModelSpec
 
 Layout = tuple[tuple[tuple[str, str, tuple[int, ...]], ...], ...]
 """Per segment, ``(name, dtype, shape)`` per tensor, in frame order (see the module docstring)."""
@@ -77,23 +73,3 @@ def _dtype(text: str) -> np.dtype:
     if dtype is None:
         dtype = _DTYPES[text] = np.dtype(text)  # "bfloat16" needs ml_dtypes, which datatypes imports
     return dtype
-
-
-def spec_out(spec: ModelSpec) -> tuple[ModelSpec, bytes]:
-    """A model spec as it crosses in a :class:`~trtserve.ipc.messages.Table`: its ``config`` message serialized
-    (protobuf classes of generated modules do not pickle by reference)."""
-    return dataclasses.replace(spec, config=None), spec.config.SerializeToString() if spec.config is not None else b""
-
-
-def spec_in(spec: ModelSpec, config: bytes) -> ModelSpec:
-    """The spec that :func:`spec_out` sent."""
-    return dataclasses.replace(spec, config=mc.ModelConfig.FromString(config))
-
-
-def error_of(name: str, message: str) -> errors.TrtServeError:
-    """The trtserve error named ``name`` (a class of :mod:`trtserve.errors`) with ``message``;
-    an unknown name becomes :class:`~trtserve.errors.BackendError` (INTERNAL)."""
-    cls = getattr(errors, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, errors.TrtServeError)):
-        cls = errors.BackendError
-    return cls(message)

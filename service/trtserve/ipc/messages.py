@@ -13,7 +13,7 @@ HELLO      front end → core           :class:`Hello`
 INFER      front end → core           :class:`Infer`, then the tensor frames
 CANCEL     front end → core           :class:`Cancel`
 RECORDS    front end → core           :class:`Records`
-QUERY      front end → core           :class:`Query` (one of :class:`QueryKind`)
+QUERY      front end → core           :class:`Query` (one of :mod:`trtserve.ipc.queries`)
 TABLE      core → front end           :class:`Table` (again whenever a model changes)
 RESULT     core → front end           :class:`Result`, then the output frames
 ERROR      core → front end           :class:`Error`
@@ -25,12 +25,17 @@ Each side decodes a header with :func:`decode` and hands the message to one hand
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import pickle
 from typing import Any, NamedTuple
 
+from trtserve._proto.inference import model_config_pb2 as mc
+from trtserve.errors import ErrorCode
 from trtserve.ipc.admission import Ask
 from trtserve.ipc.framing import Layout
+from trtserve.ipc.queries import EngineQuery
+from trtserve.spec import ModelSpec
 
 
 class Kind(enum.IntEnum):
@@ -47,20 +52,14 @@ class Kind(enum.IntEnum):
     REPLY = 9
 
 
-class QueryKind(enum.Enum):
-    """What a :class:`Query` asks; each value is the name of the method of
-    :class:`~trtserve.ipc.engine.EngineQueries` that asks it and of
-    :class:`~trtserve.engine.queries.CoreQueries` that answers it (arguments as those methods')."""
+class ModelState(enum.Enum):
+    """Where a model is in its life: the strings Triton's RepositoryIndex uses. It crosses in a
+    :class:`TableEntry` as itself."""
 
-    SERVER_READY = "server_ready"
-    MODEL_READY = "model_ready"
-    STATISTICS = "statistics"
-    REPOSITORY_INDEX = "repository_index"
-    LOAD = "load"
-    UNLOAD = "unload"
-    GET_POLICY = "get_policy"
-    SET_POLICY = "set_policy"
-    INFLIGHT_BOUND = "inflight_bound"
+    LOADING = "LOADING"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNLOADING = "UNLOADING"
 
 
 UNKNOWN_MODEL = "_unknown"
@@ -134,12 +133,11 @@ class Records(NamedTuple):
 
 
 class Query(NamedTuple):
-    """Ask the engine core ``what`` with ``args``; answered by a :class:`Reply` with the same
-    ``rid``."""
+    """Ask the engine core ``query`` (:mod:`trtserve.ipc.queries`); answered by a :class:`Reply`
+    with the same ``rid``."""
 
     rid: int
-    what: QueryKind
-    args: tuple[Any, ...]
+    query: EngineQuery[Any]
 
 
 class TableEntry(NamedTuple):
@@ -147,14 +145,14 @@ class TableEntry(NamedTuple):
 
     Attributes:
         name: the model's name.
-        state: a :class:`~trtserve.ipc.engine.ModelState` value (Triton's RepositoryIndex names).
+        state: where the model is in its life.
         reason: why it is not ready (empty when it is).
         specs: per served version, ascending, its spec without ``config`` and the config
-            serialized (:func:`trtserve.ipc.framing.spec_out`); empty unless READY.
+            serialized (:func:`spec_out`); empty unless READY.
     """
 
     name: str
-    state: str
+    state: ModelState
     reason: str
     specs: tuple[tuple[Any, bytes], ...]
 
@@ -197,23 +195,24 @@ class Result(NamedTuple):
 
 
 class Error(NamedTuple):
-    """A request failed: ``error`` names a class of :mod:`trtserve.errors`, ``message`` is its
-    sentence; ``model`` and ``hint`` as in :class:`Result` when the model is known (else empty)."""
+    """A request failed: ``code`` is its error's class (:func:`trtserve.errors.error_for` makes it
+    again), ``message`` its sentence; ``model`` and ``hint`` as in :class:`Result` when the model
+    is known (else empty)."""
 
     rid: int
-    error: str
+    code: ErrorCode
     message: str
     model: str = ""
     hint: bytes = b""
 
 
 class Reply(NamedTuple):
-    """The answer to :class:`Query` ``rid``: ``value``, or when ``error`` is set (a class name
-    of :mod:`trtserve.errors`) the failure with ``value`` as its message."""
+    """The answer to :class:`Query` ``rid``: ``value``, or when ``error`` is set the failure of
+    that :class:`~trtserve.errors.ErrorCode` with ``value`` as its sentence."""
 
     rid: int
     value: Any
-    error: str = ""
+    error: ErrorCode | None = None
 
 
 Message = Hello | Infer | Cancel | Records | Query | Table | Result | Error | Reply
@@ -241,6 +240,17 @@ def decode(frame: Any) -> Message:
     return CLASS_OF[kind](*fields)
 
 
+def spec_out(spec: ModelSpec) -> tuple[ModelSpec, bytes]:
+    """A model spec as it crosses in a :class:`TableEntry`: its ``config`` message serialized
+    (protobuf classes of generated modules do not pickle by reference)."""
+    return dataclasses.replace(spec, config=None), spec.config.SerializeToString() if spec.config is not None else b""
+
+
+def spec_in(spec: ModelSpec, config: bytes) -> ModelSpec:
+    """The spec that :func:`spec_out` sent."""
+    return dataclasses.replace(spec, config=mc.ModelConfig.FromString(config))
+
+
 def pickled(value: Any) -> bytes:
     """``value`` pickled, for a header field sent as bytes (a queue hint)."""
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
@@ -252,5 +262,5 @@ def unpickled(data: bytes) -> Any:
 
 
 __all__ = ["CLASS_OF", "KIND_OF", "UNKNOWN_MODEL", "Cancel", "Error", "Hello", "Infer", "Kind", "Message",
-           "Outcome", "Query", "QueryKind", "Records", "Reply", "Result", "Table", "TableEntry", "decode",
-           "encode", "pickled", "unpickled"]
+           "ModelState", "Outcome", "Query", "Records", "Reply", "Result", "Table", "TableEntry", "decode",
+           "encode", "pickled", "spec_in", "spec_out", "unpickled"]

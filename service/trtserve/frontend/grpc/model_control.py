@@ -9,6 +9,7 @@ from typing import Any
 from trtserve._proto.trtserve.v1 import control_pb2 as pb
 from trtserve._proto.trtserve.v1 import control_pb2_grpc as pb_grpc
 from trtserve.ipc.engine import Engine
+from trtserve.ipc.queries import GetPolicy, SetPolicy
 
 
 class ModelControlService(pb_grpc.ModelControlServicer):
@@ -25,11 +26,11 @@ class ModelControlService(pb_grpc.ModelControlServicer):
 
     async def GetPolicy(self, request: pb.GetPolicyRequest, context: Any) -> pb.BatchingPolicy:
         """The batching policy in force (:func:`~trtserve.engine.policy_update.get_policy`)."""
-        data = await self._call(context, self.engine.get_policy, request.SerializeToString())
+        data = await self._call(context, self.engine.query, GetPolicy(request.SerializeToString()))
         return pb.BatchingPolicy.FromString(data)
 
     async def SetPolicy(self, request: pb.SetPolicyRequest, context: Any) -> pb.BatchingPolicy:
         """Change the fields in ``update_mask`` from the next batch on; answers the policy now in
         force (:func:`~trtserve.engine.policy_update.set_policy`)."""
-        data = await self._call(context, self.engine.set_policy, request.SerializeToString())
+        data = await self._call(context, self.engine.query, SetPolicy(request.SerializeToString()))
         return pb.BatchingPolicy.FromString(data)

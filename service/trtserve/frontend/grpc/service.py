@@ -37,6 +37,7 @@ from trtserve.frontend.grpc.stream import serve_stream
 from trtserve.frontend.inflight import GRACE_EXPIRED
 from trtserve.frontend.state import FrontendState
 from trtserve.ipc.admission import transport_deadline_of
+from trtserve.ipc.queries import Load, ModelReady, RepositoryIndex, ServerReady, Statistics, Unload
 
 DEFAULT_STREAM_INFLIGHT = 256
 """Requests of one stream processed at once before reading pauses (``--stream-inflight``)."""
@@ -124,14 +125,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """Ready when :attr:`serving` here and the engine core counts the server ready."""
         if not self.serving:
             return pb.ServerReadyResponse(ready=False)
-        return pb.ServerReadyResponse(ready=await self.engine.server_ready())
+        return pb.ServerReadyResponse(ready=await self.engine.query(ServerReady()))
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
         """Ready: loaded, not draining, and not every execution slot hung, so a load balancer
         polling it routes away from a wedged model."""
         if self.inflight.draining or not self.table.ready(request.name, request.version):
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=await self.engine.model_ready(request.name, request.version))
+        return pb.ModelReadyResponse(ready=await self.engine.query(ModelReady(request.name, request.version)))
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
         """The server's name, version and :data:`EXTENSIONS`."""
@@ -157,12 +158,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
         """Triton's statistics, from the engine core
         (:func:`~trtserve.engine.statistics.model_statistics`)."""
-        data = await self._call(context, self.engine.statistics, request.name, request.version)
+        data = await self._call(context, self.engine.query, Statistics(request.name, request.version))
         return pb.ModelStatisticsResponse.FromString(data)
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
         """Every model of the repository or the table with its state, from the engine core."""
-        data = await self._call(context, self.engine.repository_index, request.ready)
+        data = await self._call(context, self.engine.query, RepositoryIndex(request.ready))
         return pb.RepositoryIndexResponse.FromString(data)
 
     async def RepositoryModelLoad(
@@ -170,7 +171,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.RepositoryModelLoadResponse:
         """Load (or reload) a model: answered once it serves, and this front end serves it
         (see :meth:`~trtserve.engine.lifecycle.ModelLifecycle.load`)."""
-        await self._call(context, self.engine.load, request.model_name, repository_parameters(request.parameters))
+        await self._call(context, self.engine.query,
+                         Load(request.model_name, repository_parameters(request.parameters)))
         await self.table.refresh()
         return pb.RepositoryModelLoadResponse()
 
@@ -178,7 +180,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
         """Unload a model: answered once what was queued on it is answered and it is closed."""
-        await self._call(context, self.engine.unload, request.model_name, repository_parameters(request.parameters))
+        await self._call(context, self.engine.query,
+                         Unload(request.model_name, repository_parameters(request.parameters)))
         await self.table.refresh()
         return pb.RepositoryModelUnloadResponse()
 

@@ -47,6 +47,7 @@ from trtserve.frontend.http.openai import PREFIX, OpenAIRoutes, error_body
 from trtserve.frontend.inflight import GRACE_EXPIRED
 from trtserve.frontend.state import FrontendState
 from trtserve.frontend.status import status_name
+from trtserve.ipc.queries import Load, ModelReady, RepositoryIndex, ServerReady, Statistics, Unload
 from trtserve.pipeline import FrontendModel
 from trtserve.protocol import rest
 
@@ -201,7 +202,7 @@ class RestApp:
         return 200, [], b""
 
     async def _ready(self, match: re.Match[str], body: bytes, headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
-        ready = self.state.serving and await self.state.engine.server_ready()
+        ready = self.state.serving and await self.state.engine.query(ServerReady())
         return (200, [], b"") if ready else _error(503, "the server is not ready (loading, draining, or a model "
                                                           "asked for is not served)", retry=False)
 
@@ -222,7 +223,7 @@ class RestApp:
                            headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
         name, version = match["model"], match["version"] or ""
         ready = (not self.state.inflight.draining and self.state.table.ready(name, version)
-                 and await self.state.engine.model_ready(name, version))
+                 and await self.state.engine.query(ModelReady(name, version)))
         return (200, [], b"") if ready else _error(503, f"model '{name}' is not ready", retry=False)
 
     async def _model_config(self, match: re.Match[str], body: bytes,
@@ -233,7 +234,7 @@ class RestApp:
     async def _statistics(self, match: re.Match[str], body: bytes,
                           headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
         name = match.groupdict().get("model") or ""
-        data = await self.state.engine.statistics(name, match.groupdict().get("version") or "")
+        data = await self.state.engine.query(Statistics(name, match.groupdict().get("version") or ""))
         return _ok(_numbers(json_format.MessageToDict(pb.ModelStatisticsResponse.FromString(data),
                                                       preserving_proto_field_name=True,
                                                       always_print_fields_with_no_presence=True)))
@@ -241,18 +242,18 @@ class RestApp:
     async def _repository_index(self, match: re.Match[str], body: bytes,
                                 headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
         ready = bool(rest.json_object(body).get("ready", False)) if body else False
-        index = pb.RepositoryIndexResponse.FromString(await self.state.engine.repository_index(ready))
+        index = pb.RepositoryIndexResponse.FromString(await self.state.engine.query(RepositoryIndex(ready)))
         return _ok([{"name": m.name, "version": m.version, "state": m.state, "reason": m.reason}
                     for m in index.models])
 
     async def _load(self, match: re.Match[str], body: bytes, headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
-        await self.state.engine.load(match["model"], _parameters(body))
+        await self.state.engine.query(Load(match["model"], _parameters(body)))
         await self.state.table.refresh()
         return 200, [], b""
 
     async def _unload(self, match: re.Match[str], body: bytes,
                       headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
-        await self.state.engine.unload(match["model"], _parameters(body))
+        await self.state.engine.query(Unload(match["model"], _parameters(body)))
         await self.state.table.refresh()
         return 200, [], b""
 
