@@ -265,8 +265,20 @@ CAP = [
     row("fills-up-to-the-cap-splitting-the-last-request", E("a", rows=3), E("b", rows=3), E("c", rows=3),
         batch=(("a", 3), ("b", 3), ("c", 2))),
     row("an-oversized-request-is-split", E("big", rows=10), inputs=inputs(cap=4), batch=(("big", 4),)),
-    row("an-oversized-request-at-the-head-fills-the-batch-alone", E("big", rows=10), E("small"),
-        inputs=inputs(cap=4), batch=(("big", 4),)),
+    # Fair between requests (policy._fill): a request larger than the cap shares the batch.
+    row("a-later-small-request-joins-an-oversized-one-at-once", E("big", rows=10), E("small"),
+        inputs=inputs(cap=4), batch=(("big", 3), ("small", 1))),
+    row("an-oversized-request-keeps-half-of-the-batch-while-others-wait",
+        E("big", rows=10), E("s1"), E("s2"), E("s3"), E("s4"), inputs=inputs(cap=4),
+        batch=(("big", 2), ("s1", 1), ("s2", 1))),
+    row("an-oversized-request-alone-fills-the-batch", E("big", rows=10), inputs=inputs(cap=4), batch=(("big", 4),)),
+    row("a-more-urgent-level-is-not-shared", E("big", rows=10, priority=1), E("small", priority=2),
+        policy=LEVELS, inputs=inputs(cap=4), batch=(("big", 4),)),
+    # Near its deadline (within URGENT_RUNS full batches: 2·p(4) = 26U) the large request comes first, whole.
+    row("an-oversized-request-near-its-deadline-is-not-shared", E("big", rows=10, deadline=NOW + 26 * U), E("small"),
+        inputs=inputs(cap=4), latency=LAT, batch=(("big", 4),)),
+    row("an-oversized-request-far-from-its-deadline-shares", E("big", rows=10, deadline=NOW + 1000 * U), E("small"),
+        inputs=inputs(cap=4), latency=LAT, batch=(("big", 3), ("small", 1))),
     row("the-cap-comes-from-inputs-not-max-batch-size", E("a"), E("b"), E("c"), inputs=inputs(cap=2),
         batch=(("a", 1), ("b", 1))),
 ]

@@ -222,3 +222,20 @@ def test_the_spread_is_none_on_a_noiseless_engine_and_bounded_after_a_fast_outli
         model.observe(1, 0.2)
     assert model.lower_bound(1) < model.predict(1) / 5
     assert model.spread(1) == 3.0  # the latency model's clip, not (2 x mean - low) / low
+
+
+def test_a_large_request_ahead_at_the_same_level_counts_half_a_batch():
+    """A request larger than the cap shares each batch with the requests behind it (policy._fill),
+    so admission behind it counts half a batch of its rows, not all of them: a one-row request
+    due in 1 s behind 2 000 queued rows due then too (4.5 s of work) is admitted; behind the same
+    rows at a more urgent level it is refused."""
+    latency = affine()
+    bulk = entry(2000, 1, 1.0)
+    same = predict([bulk], 1, 1.0, 1, 1, now=0.0, free_at=[0.0], cap=8, latency=latency)
+    assert same.start == pytest.approx(4 * batch_floor(latency, 8, 1) / 8) and same.refusal(1.0) is None
+    behind = predict([bulk], 2, 1.0, 1, 1, now=0.0, free_at=[0.0], cap=8, latency=latency)
+    assert isinstance(behind.refusal(1.0), Overloaded)
+    queue = RequestQueue()
+    queue.push(bulk)
+    hint = queue_hint(queue, BatchingPolicy(max_batch_size=8), now=0.0, free_at=[0.0], cap=8, latency=latency)
+    assert hint.refusal("m", Ask(0, None, 1.0), 0.0) is None

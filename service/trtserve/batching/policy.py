@@ -9,7 +9,10 @@
    longer than ``priority_aging`` first (not those ``TimeoutAction.DELAY`` moved last). When
    more rows wait than one batch holds and their lengths vary, the batch is filled with the rows
    closest in length to the most urgent one (length bucketing: less padding), except that rows
-   near their deadline are never passed over.
+   near their deadline are never passed over. A request *larger than the cap* shares: while
+   later requests of its priority level wait, it takes at most half of the batch (:func:`_fill`),
+   so one bulk caller's rows interleave with everyone else's instead of queueing them all behind
+   it; rows near their deadline still come first.
    Rows that would finish after their deadline at the batch's predicted run time are left
    out (no engine time on an answer nobody reads).
 3. **Cap by deadlines.** When the batch takes the last free slot, its predicted run time must
@@ -64,6 +67,10 @@ HOST_TARGET = 0.8
 # per-batch work may still take: batches grow until it is under this (more rows then buy
 # under 5 % of the host).
 HOST_MIN_HEADROOM = 0.05
+# A request with more rows queued than the cap takes at most 1/LARGE_SHARE of a batch while later
+# requests of its level wait (:func:`_fill`): the other requests' answers come within about two
+# batch run times, and the large request keeps at least half of every batch.
+LARGE_SHARE = 2
 
 
 @dataclass(frozen=True)
@@ -471,12 +478,14 @@ def _select(
         total += e.rows
         if total > cap:
             break
-    if total <= cap or not policy.length_bucketing or len({e.length for e in order}) == 1:
+    if total <= cap:
         return _fill(order, cap)
+    urgent_before = now + URGENT_RUNS * latency.predict(cap, order[0].length)
+    if not policy.length_bucketing or len({e.length for e in order}) == 1:
+        return _fill(order, cap, urgent_before)
     # Length bucketing: the head, then every row near its deadline, then the closest lengths
     # within each level, aged requests counting as a level ahead of all others.
     head = order[0]
-    urgent_before = now + URGENT_RUNS * latency.predict(cap, head.length)
     urgent = [e for e in order[1:] if e.deadline <= urgent_before]
     rest = sorted(
         (e for e in order[1:] if e.deadline > urgent_before),
@@ -485,16 +494,44 @@ def _select(
             abs(e.length.bit_length() - head.length.bit_length()),
         ),
     )
-    return _fill([head, *urgent, *rest], cap)
+    return _fill([head, *urgent, *rest], cap, urgent_before)
 
 
-def _fill(order: Sequence[QueueEntry], cap: int) -> tuple[tuple[QueueEntry, int], ...]:
-    batch: list[tuple[QueueEntry, int]] = []
-    room = cap
+def _fill(
+    order: Sequence[QueueEntry], cap: int, urgent_before: float = -math.inf
+) -> tuple[tuple[QueueEntry, int], ...]:
+    """Take up to ``cap`` rows from ``order``, each request's from its next row.
+
+    Fair between requests: a request with more rows queued than ``cap`` (one that spans batches
+    anyway) at the head's priority level, whose deadline is not near (after ``urgent_before``),
+    takes at most half of the batch, :data:`LARGE_SHARE`, in a first pass while later requests of
+    that level wait; they take their rows in order; a second pass gives whatever room is left, in
+    order (so with nothing else waiting the large request fills the batch). A one-row request
+    arriving during a 2 000-row one thus runs in the next batch, and the large one keeps at least
+    half of every batch. A request of a more urgent level, or one near its deadline, is never held
+    back by this.
+    """
+    head = order[0].priority if order else 0
+    share = max(cap // LARGE_SHARE, 1)
+    counts: dict[int, int] = {}
+    room, shared = cap, False
     for e in order:
         if room <= 0:
             break
-        n = min(e.rows, room)
-        batch.append((e, n))
+        limit = e.rows
+        if e.priority != head and shared:
+            continue  # a less urgent level gets only what the head's level leaves (second pass)
+        if e.rows > cap and e.priority == head and e.deadline > urgent_before:
+            limit, shared = share, True
+        n = min(limit, room)
+        counts[id(e)] = n
         room -= n
-    return tuple(batch)
+    if room > 0:
+        for e in order:
+            if room <= 0:
+                break
+            extra = min(e.rows - counts.get(id(e), 0), room)
+            if extra > 0:
+                counts[id(e)] = counts.get(id(e), 0) + extra
+                room -= extra
+    return tuple((e, counts[id(e)]) for e in order if counts.get(id(e), 0) > 0)

@@ -9,6 +9,11 @@ sends back with every answer. Both read one estimate:
   level ``L`` with deadline ``D`` runs after every queued row whose (priority, deadline) is at
   most ``(L, D)``: same or more urgent level, earlier (or equal) deadline. (Aged requests may
   go ahead of it too; they only add work, so they are left out of a lower bound.)
+  A request with more rows queued than the cap, at the request's own level, counts only half a
+  batch (:data:`~trtserve.batching.policy.LARGE_SHARE`): it shares every batch with the requests
+  behind it (step 2 of :mod:`~trtserve.batching.policy`), so the new request's rows start no
+  later than its next batch. The hint, which cannot know the request's level, counts every such
+  request so (a lower bound still).
 * **Their work.** Run time is close to affine in rows with a positive intercept
   (:mod:`~trtserve.batching.latency`), so a full batch is the cheapest per row, and the
   shortest padded length (``length``) among the rows the cheapest per batch; every estimate is
@@ -69,6 +74,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from trtserve.batching.latency import LatencyModel
+from trtserve.batching.policy import LARGE_SHARE
 from trtserve.batching.queue import QueueEntry, RequestQueue
 from trtserve.config import BatchingPolicy
 from trtserve.errors import DeadlineUnmeetable, Overloaded, TrtServeError
@@ -194,11 +200,14 @@ def predict(entries: Sequence[QueueEntry], priority: float, deadline: float, row
     ``priority=math.inf`` puts it behind everything, and ``rows=0`` gives the drain time of
     the whole queue as ``start``."""
     urgent, level, shortest = 0, 0, length if rows else math.inf
+    share = max(cap // LARGE_SHARE, 1)
     for entry in entries:
         if (entry.priority, entry.deadline) > (priority, deadline):
             break
         if entry.priority < priority:
             urgent += entry.rows
+        elif rows and entry.rows > cap:
+            level += share  # a large request ahead shares each batch with this one (policy._fill)
         else:
             level += entry.rows
         shortest = min(shortest, entry.length)
@@ -232,8 +241,9 @@ def queue_hint(
     step = max(1, math.ceil(len(entries) / HINT_POINTS))
     points: list[tuple[int, float, float]] = []
     rows, shortest = 0, math.inf
+    share = max(cap // LARGE_SHARE, 1)
     for i, entry in enumerate(entries):
-        rows += entry.rows
+        rows += entry.rows if entry.rows <= cap else share  # a large request shares (policy._fill)
         shortest = min(shortest, entry.length)
         if (i + 1) % step == 0 or i == len(entries) - 1:
             done = fill(free_at, rows * batch_floor(latency, cap, int(shortest)) / cap)
