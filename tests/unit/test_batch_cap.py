@@ -1,0 +1,132 @@
+"""The live batch cap (trtserve/batching/cap.py), driven batch by batch against a modelled engine:
+convergence from a low start, no oscillation under noise, a noisy spell that moves nothing, the
+hard limit and the latency budget. No clock: the cap counts batches; the engine's time is the
+curve below, with seeded noise."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from trtserve.batching.cap import PROBE_MAX_EVERY, BatchCap
+
+
+def knee16(rows: int) -> float:
+    """A CPU-like curve: a fixed cost that batching amortises up to 16 rows, then a flat cost per
+    row (16 and 32 run the same rows/s; 8 runs 10 % fewer)."""
+    return 0.002 + 0.001 * rows if rows <= 16 else 0.018 * rows / 16
+
+
+def serve(cap: BatchCap, batches: int, *, noise: float = 0.0, seed: int = 0, queued: int = 10_000,
+          slow: Callable[[int], float] = lambda i: 1.0, curve: Callable[[int], float] = knee16) -> list[tuple[float, int]]:
+    """Run ``batches`` batches with ``queued`` rows always waiting; the engine's time is ``curve``
+    times a lognormal noise of ``noise`` (σ of the log) times ``slow(i)``. Returns (seconds so
+    far, cap in force) after each batch."""
+    rng = random.Random(seed)
+    elapsed, history = 0.0, []
+    for i in range(batches):
+        rows = cap.for_batch(queued)
+        seconds = curve(rows) * math.exp(rng.gauss(0.0, noise)) * slow(i)
+        elapsed += seconds
+        cap.observe(rows, seconds)
+        history.append((elapsed, cap.value))
+    return history
+
+
+def test_a_cap_chosen_low_climbs_to_the_knee_within_a_second_of_load():
+    """A load on a busy machine chose 1 row; with the machine quiet, a backlog takes the cap to the
+    knee (16) within a second of engine time, and no further (32 is no faster)."""
+    cap = BatchCap(1024, 1, live=True, reason="chosen at load")
+    history = serve(cap, 400)
+    reached = next(t for t, value in history if value == 16)
+    assert reached < 1.0
+    assert cap.value == 16 and cap.moves == 4
+    assert cap.reason.startswith("grew from 8 to 16 rows while serving: +11% rows/s")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_climb_survives_run_time_noise(seed):
+    """10 % run-time noise (lognormal) on every batch: the cap still reaches the knee from 4 within a
+    few seconds of engine time, and settles at 16 or 32 (the same rows/s)."""
+    cap = BatchCap(1024, 4, live=True, reason="chosen at load")
+    history = serve(cap, 3000, noise=0.1, seed=seed)
+    assert next(t for t, value in history if value >= 16) < 10.0
+    assert cap.value in (16, 32)
+
+
+@pytest.mark.parametrize("noise", [0.1, 0.2])
+def test_no_oscillation_under_noise(noise):
+    """At the knee, noise of 10-20 % a batch moves the cap rarely and never far: over 5 000 batches
+    it stays within a factor of two of the knee and moves at most a handful of times."""
+    cap = BatchCap(1024, 16, live=True, reason="chosen at load")
+    history = serve(cap, 5000, noise=noise, seed=2)
+    held = Counter(value for _, value in history)
+    assert set(held) <= {8, 16, 32}
+    assert held[16] >= 0.7 * 5000
+    assert cap.moves <= 4
+
+
+def test_a_short_noisy_spell_moves_nothing():
+    """100 batches each 1-3x slower at random (another process on the cores) in the middle of quiet
+    serving at the knee: the pairs of batches run in turn see the spell on both sides, and the
+    cap stays."""
+    spell = random.Random(9)
+    cap = BatchCap(1024, 16, live=True, reason="chosen at load")
+    history = serve(cap, 3000, noise=0.05, seed=5, slow=lambda i: 1 + 2 * spell.random() if 1000 <= i < 1100 else 1.0)
+    assert {value for _, value in history} == {16}
+    assert cap.moves == 0
+
+
+def test_a_cap_above_the_knee_comes_down_to_it():
+    """Started above the knee (a load that measured small batches slow), the cap shrinks while the
+    smaller size runs as many rows/s (within 5 %): answers come sooner at the same throughput."""
+    cap = BatchCap(1024, 128, live=True, reason="chosen at load")
+    serve(cap, 2000)
+    assert cap.value == 16
+    assert cap.reason.startswith("shrank from 32 to 16 rows")
+
+
+def test_probes_thin_out_at_the_knee():
+    """On a quiet machine at the knee every probe keeps the cap: after the first few, one probe in
+    PROBE_MAX_EVERY full batches, so nearly every batch runs at the cap."""
+    cap = BatchCap(1024, 16, live=True, reason="chosen at load")
+    sizes = []
+    for _ in range(2000):
+        rows = cap.for_batch(10_000)
+        sizes.append(rows)
+        cap.observe(rows, knee16(rows))
+    late = sizes[1000:]
+    assert sum(1 for s in late if s != 16) <= 2 * 8 * 1000 / PROBE_MAX_EVERY
+    assert cap.value == 16
+
+
+def test_a_short_queue_starts_no_probe():
+    """The cap only limits a queue longer than itself: with fewer rows waiting nothing is probed."""
+    cap = BatchCap(1024, 4, live=True, reason="chosen at load")
+    serve(cap, 500, queued=4)
+    assert cap.value == 4 and cap.moves == 0
+
+
+def test_a_fixed_cap_is_the_hard_limit():
+    """A max_batch_size in the config without adaptive_batch_size: the cap is that, always."""
+    cap = BatchCap(8, 2, live=False, reason="max_batch_size in the config")
+    serve(cap, 300)
+    assert cap.value == 8 and cap.moves == 0
+
+
+def test_the_cap_grows_no_further_than_the_hard_limit_and_the_latency_budget():
+    """An engine that always runs more rows/s with more rows: the cap climbs to the hard limit, or
+    to the largest size whose predicted run time fits the latency budget."""
+    def affine(rows: int) -> float:
+        return 0.004 + 0.0001 * rows
+
+    limited = BatchCap(64, 1, live=True, reason="x")
+    serve(limited, 1000, curve=affine)
+    assert limited.value == 64
+    budget = BatchCap(1024, 1, live=True, reason="x", fits=lambda rows: affine(rows) <= 0.010)
+    serve(budget, 1000, curve=affine)
+    assert budget.value == 32  # 64 rows would take 10.4 ms
