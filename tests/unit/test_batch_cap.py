@@ -21,8 +21,10 @@ def knee16(rows: int) -> float:
     return 0.002 + 0.001 * rows if rows <= 16 else 0.018 * rows / 16
 
 
-def serve(cap: BatchCap, batches: int, *, noise: float = 0.0, seed: int = 0, queued: int = 10_000,
-          slow: Callable[[int], float] = lambda i: 1.0, curve: Callable[[int], float] = knee16) -> list[tuple[float, int]]:
+def serve(
+    cap: BatchCap, batches: int, *, noise: float = 0.0, seed: int = 0, queued: int = 10_000,
+    slow: Callable[[int], float] = lambda i: 1.0, curve: Callable[[int], float] = knee16,
+) -> list[tuple[float, int]]:
     """Run ``batches`` batches with ``queued`` rows always waiting; the engine's time is ``curve``
     times a lognormal noise of ``noise`` (σ of the log) times ``slow(i)``. Returns (seconds so
     far, cap in force) after each batch."""
