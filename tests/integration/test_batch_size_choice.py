@@ -1,8 +1,9 @@
 """A config that leaves max_batch_size to the server (omitted, with dynamic_batching): the
-ModelConfig answer, over gRPC and HTTP from a real server, reports the batch size chosen at
-load, which is the one the dispatcher batches with; a model file with a fixed batch axis bounds
-the choice; an explicit max_batch_size is kept. (The choice itself, which depends on measured
-run times, is tested on a fake clock: tests/unit/test_warmup.py.)"""
+ModelConfig answer, over gRPC and HTTP from a real server, reports the hard limit (the model
+file's, else the search ceiling), and the dispatcher batches under a live cap that starts at the
+warm-up's knee; a model file with a fixed batch axis bounds both; an explicit max_batch_size is
+kept and fixes the cap. (Where the cap starts and how it moves depend on measured run times and
+are tested on a fake clock: tests/unit/test_warmup.py, test_batch_cap.py, test_learning.py.)"""
 
 from __future__ import annotations
 
@@ -37,10 +38,11 @@ def srv(tmp_path_factory):
         yield server
 
 
-def served_cap(srv, name: str) -> tuple[int, int]:
-    """(the served spec's max_batch_size, the dispatcher's)."""
+def served_cap(srv, name: str) -> tuple[int, int, bool]:
+    """(the served spec's max_batch_size, the dispatcher's cap in force, whether it is live)."""
     model = srv.registry.get(name)
-    return model.spec.policy.max_batch_size, model.dispatcher.policy.max_batch_size
+    assert model.dispatcher.policy.max_batch_size == model.spec.policy.max_batch_size
+    return model.spec.policy.max_batch_size, model.dispatcher.cap.value, model.dispatcher.cap.live
 
 
 def reported(srv, name: str) -> tuple[int, int]:
@@ -52,21 +54,21 @@ def reported(srv, name: str) -> tuple[int, int]:
     return grpc_value, http_value
 
 
-def test_modelconfig_reports_the_batch_size_chosen_at_load(srv):
-    spec_value, dispatcher_value = served_cap(srv, "free")
-    assert 1 <= spec_value <= SEARCH_CEILING and spec_value == dispatcher_value
-    assert reported(srv, "free") == (spec_value, spec_value)
-    # It batches: a request of more rows than the choice is split, and answered whole.
-    x = np.arange(4 * (spec_value + 1), dtype=np.float32).reshape(-1, 4)
+def test_modelconfig_reports_the_hard_limit_and_the_cap_is_live_below_it(srv):
+    limit, cap, live = served_cap(srv, "free")
+    assert limit == SEARCH_CEILING and 1 <= cap <= limit and live
+    assert reported(srv, "free") == (limit, limit)
+    # It batches: a request of more rows than the cap is split, and answered whole.
+    x = np.arange(4 * (cap + 1), dtype=np.float32).reshape(-1, 4)
     with srv.client() as c:
         np.testing.assert_array_equal(c.infer("free", {"INPUT0": x})["OUTPUT0"], x)
 
 
 def test_a_fixed_batch_axis_in_the_file_bounds_the_choice(srv):
-    assert served_cap(srv, "one") == (1, 1)
+    assert served_cap(srv, "one") == (1, 1, True)
     assert reported(srv, "one") == (1, 1)
 
 
 def test_an_explicit_max_batch_size_is_kept(srv):
-    assert served_cap(srv, "fixed") == (8, 8)
+    assert served_cap(srv, "fixed") == (8, 8, False)
     assert reported(srv, "fixed") == (8, 8)

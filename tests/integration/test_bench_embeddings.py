@@ -12,7 +12,7 @@ from trtserve.cli import build_parser
 from trtserve.harness import bench
 from trtserve.harness.benchlib.workload import CORPUS
 
-SENTENCES = [f"A dog number {i} runs across the green field after a red ball." for i in range(40)]
+SENTENCES = [f"A dog number {i} runs across the green field after a red ball." for i in range(80)]
 
 
 def test_embeddings_mode_serves_both_request_sizes_without_errors(engines, tmp_path, capsys):
@@ -24,7 +24,7 @@ def test_embeddings_mode_serves_both_request_sizes_without_errors(engines, tmp_p
     args = build_parser("bench").parse_args(
         ["bench", "--model-repository", str(engines), "--data", str(data), "--out", str(out), "--models", "minilm",
          "--modes", "embeddings", "--concurrency", "1", "--duration", "3", "--warmup", "0.1",
-         "--raw-duration", "0.05", "--requests", "40"]
+         "--raw-duration", "0.05", "--requests", "80"]
     )
     assert bench.run(args) == 0
     assert "embeddings (minilm, OpenAI-style HTTP, closed loop):" in capsys.readouterr().out

@@ -48,7 +48,7 @@ from harness import (
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
-from trtserve.batching import dispatcher as dispatcher_module
+from trtserve.batching import watchdog
 from trtserve.client import build_request
 from trtserve.tools.child_server import ServerProcess
 
@@ -94,7 +94,7 @@ def test_a_failing_batch_fails_only_its_own_requests(make_server, tmp_path, faul
 
 
 def test_a_hung_engine_answers_callers_at_their_deadlines_and_marks_the_slot(make_server, tmp_path, monkeypatch):
-    monkeypatch.setattr(dispatcher_module, "HANG_MIN_S", 1.0)
+    monkeypatch.setattr(watchdog, "HANG_MIN_S", 1.0)
     write_probe(tmp_path, "probe", max_batch_size=1, instances=2, batch_ms=20, hang_on=77, hang_s=3, fast_warmup="true")
     srv = make_server(tmp_path, metrics_port=0)
     d = srv.registry.get("probe").dispatcher

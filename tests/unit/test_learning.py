@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend, rows
-from trtserve.batching.dispatcher import CAP_REFRESH_BATCHES, Dispatcher
+from trtserve.batching.dispatcher import Dispatcher
 from trtserve.batching.latency import LatencyModel
-from trtserve.batching.policy import adaptive_cap
 from trtserve.batching.simulator import affine, bursty_trace, poisson_trace, simulate
 from trtserve.clock import FakeClock, settle
 from trtserve.config import BatchingPolicy
@@ -161,31 +160,27 @@ def knee_engine(rows: int) -> float:
     return 0.001 * max(1.0, rows / 16)
 
 
-def test_adaptive_cap_picks_the_knee():
-    model = LatencyModel()
-    b = 1
-    while b <= 128:
-        model.observe(b, knee_engine(b))
-        b *= 2
-    assert adaptive_cap(model, BatchingPolicy(max_batch_size=128)) == 16
-    assert adaptive_cap(model, BatchingPolicy(max_batch_size=128, latency_budget=0.0005)) == 1
-
-
-async def test_dispatcher_caps_batches_at_the_measured_knee():
+async def test_a_live_cap_started_low_climbs_to_the_knee_under_a_backlog_and_holds_a_fixed_one():
+    """adaptive_batch_size, the cap started at 2 (as a load on busy cores chooses): while more rows
+    wait than it allows, the dispatcher probes and moves it to the knee (16, or 32 which runs the
+    same rows/s), and later batches are that large; every request is answered. A fixed
+    max_batch_size never moves."""
     clock = FakeClock()
     backend = FakeBackend(clock, latency=knee_engine)
     d = Dispatcher(backend, BatchingPolicy(max_batch_size=128, adaptive_batch_size=True), clock=clock)
     d.start()
-    for i in range(CAP_REFRESH_BATCHES * 3):  # learn the curve at several sizes
-        for j in range(1 << (i % 8)):
-            d.submit(rows(j))
+    d.start_cap(2, "a low start")
+    futures = []
+    for _ in range(300):  # 64 rows every 10 ms: more than 2 rows ever run at once
+        futures += [d.submit(rows(j)) for j in range(64)]
         await clock.advance(0.01)
-    assert d.cap in (16, 32)  # the knee, ± one step
-    futures = [d.submit(rows(i)) for i in range(100)]
-    for _ in range(20):
-        await clock.advance(0.01)
-    assert all(f.done() for f in futures)
-    assert max(backend.sizes()[-5:]) <= 32
+    await clock.advance(1.0)
+    assert d.cap.value in (16, 32) and d.cap.moves >= 3 and "while serving" in d.cap.reason
+    assert all(f.done() and not f.exception() for f in futures)
+    assert min(backend.sizes()[-20:]) >= 16
+    fixed = Dispatcher(backend, BatchingPolicy(max_batch_size=4), clock=clock)
+    fixed.start_cap(2, "ignored: the config fixes it")
+    assert (fixed.cap.value, fixed.cap.live) == (4, False)
 
 
 async def test_high_priority_is_served_first_and_low_priority_still_completes():

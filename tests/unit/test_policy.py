@@ -27,7 +27,6 @@ from trtserve.batching.policy import (
     URGENT_RUNS,
     Decision,
     Inputs,
-    adaptive_cap,
     decide,
     ends_hold,
     margin,
@@ -603,30 +602,6 @@ def test_with_a_free_slot_a_decision_runs_a_batch_or_waits_for_a_later_time(r: R
 )
 def test_margin(arrival: float, deadline: float, expected: float) -> None:
     assert margin(E("a", arrival=arrival, deadline=deadline).build()) == pytest.approx(expected, abs=1e-12)
-
-
-# -- adaptive_cap -----------------------------------------------------------------------------------
-
-# rows/s by batch size: 1 → 100, 2 → 190, 4 → 300, 8 → 390, 16 → 400 (the knee at 8: within 5 %).
-KNEE = points((1, 1 / 100), (2, 2 / 190), (4, 4 / 300), (8, 8 / 390), (16, 16 / 400))
-
-
-@pytest.mark.parametrize(
-    ("latency", "policy", "tolerance", "expected"),
-    [
-        pytest.param(LatencyModel, BatchingPolicy(max_batch_size=32), 0.05, 32, id="unmeasured-max-batch-size"),
-        pytest.param(KNEE, BatchingPolicy(max_batch_size=32), 0.05, 8, id="the-knee"),
-        pytest.param(KNEE, BatchingPolicy(max_batch_size=32), 0.0, 16, id="zero-tolerance-the-peak"),
-        pytest.param(KNEE, BatchingPolicy(max_batch_size=32), 0.30, 4, id="wide-tolerance-earlier"),
-        pytest.param(KNEE, BatchingPolicy(max_batch_size=4), 0.05, 4, id="never-above-max-batch-size"),
-        pytest.param(KNEE, BatchingPolicy(max_batch_size=32, latency_budget=0.015), 0.05, 4, id="latency-budget"),
-        pytest.param(KNEE, BatchingPolicy(max_batch_size=32, latency_budget=0.001), 0.05, 1,
-                     id="nothing-fits-the-smallest"),
-        pytest.param(KNEE, BatchingPolicy(max_batch_size=0), 0.05, 1, id="no-batch-dimension"),
-    ],
-)
-def test_adaptive_cap(latency, policy: BatchingPolicy, tolerance: float, expected: int) -> None:
-    assert adaptive_cap(latency(), policy, tolerance=tolerance) == expected
 
 
 # -- arrivals during a wait ---------------------------------------------------------------------

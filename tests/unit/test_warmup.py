@@ -1,7 +1,7 @@
-"""The warm-up at load and the max_batch_size it chooses where the config leaves it to the
-server (trtserve.engine.warmup, through EngineModel.start), on a fake clock with a scripted
-engine: which batch sizes it runs, where the search stops, what it chooses and where the choice
-shows (the served spec's policy and config, the dispatcher)."""
+"""The warm-up at load and the batch cap it starts from where the config leaves max_batch_size to
+the server (trtserve.engine.warmup, through EngineModel.start), on a fake clock with a scripted
+engine: which batch sizes it runs, where the search stops, where the live cap starts, and the hard
+limit the served spec's policy and config report (the model file's, else SEARCH_CEILING)."""
 
 from __future__ import annotations
 
@@ -64,8 +64,10 @@ async def test_the_choice_is_the_knee_of_the_measured_curve_and_the_model_report
     model, backend = await load(spec(tmp_path), knee_at_32)
     # Neither 64 nor 128 rows beats 32 by more than 5 %: the search stops after two such sizes.
     assert batches_of(backend) == [1, 2, 4, 8, 16, 32, 64, 128]
-    assert model.spec.policy.max_batch_size == 32 and model.spec.config.max_batch_size == 32
-    assert model.dispatcher.policy.max_batch_size == 32 and model.dispatcher.cap == 32
+    assert model.dispatcher.cap.value == 32 and model.dispatcher.cap.live and "knee" in model.dispatcher.cap.reason
+    # The hard limit stays the file's (none here: the ceiling); the cap moves below it.
+    assert model.spec.policy.max_batch_size == SEARCH_CEILING == model.spec.config.max_batch_size
+    assert model.dispatcher.policy == model.spec.policy and model.spec.policy.adaptive_batch_size
     assert model.spec.choose_batch_size and model.dispatcher.stats.batches == 0  # the warm-up is not traffic
 
 
@@ -73,22 +75,23 @@ async def test_a_file_limit_bounds_the_search_and_the_choice(tmp_path):
     model, backend = await load(spec(tmp_path), knee_at_32, file_limit=12)
     assert batches_of(backend) == [1, 2, 4, 8, 12] and max(backend.sizes()) == 12
     assert model.spec.policy.max_batch_size == 12 and model.spec.config.max_batch_size == 12
+    assert model.dispatcher.cap.value == 12
 
 
 async def test_a_file_fixed_at_one_row_gives_one(tmp_path):
     model, backend = await load(spec(tmp_path), knee_at_32, file_limit=1)
-    assert set(backend.sizes()) == {1} and model.spec.policy.max_batch_size == 1
+    assert set(backend.sizes()) == {1} and model.spec.policy.max_batch_size == 1 == model.dispatcher.cap.value
 
 
 async def test_without_a_bound_from_the_file_the_search_stops_at_the_ceiling(tmp_path):
     model, backend = await load(spec(tmp_path), lambda rows: 0.001 + 1e-6 * rows)  # still growing at 1024
-    assert max(backend.sizes()) == SEARCH_CEILING == model.spec.policy.max_batch_size
+    assert max(backend.sizes()) == SEARCH_CEILING == model.dispatcher.cap.value
 
 
 async def test_a_slow_cheap_size_does_not_end_the_search(tmp_path):
     # Batches of 2 are slower than of 1 (say a busy moment), but short: the search goes on.
     model, backend = await load(spec(tmp_path), lambda rows: 0.004 if rows == 2 else knee_at_32(rows))
-    assert batches_of(backend) == [1, 2, 4, 8, 16, 32, 64, 128] and model.spec.policy.max_batch_size == 32
+    assert batches_of(backend) == [1, 2, 4, 8, 16, 32, 64, 128] and model.dispatcher.cap.value == 32
 
 
 async def test_a_load_on_busy_cores_is_not_stuck_with_a_batch_of_one(tmp_path):
@@ -96,26 +99,26 @@ async def test_a_load_on_busy_cores_is_not_stuck_with_a_batch_of_one(tmp_path):
     # rows look no faster than one. One such size does not end the search.
     busy = {1: 0.060, 2: 0.118}
     model, backend = await load(spec(tmp_path), lambda rows: busy.get(rows) or knee_at_32(rows))
-    assert model.spec.policy.max_batch_size == 32
+    assert model.dispatcher.cap.value == 32
 
 
 async def test_a_curve_with_no_gain_still_gets_the_floor(tmp_path):
     # Measured flat (rows/s the same at every size): the knee is 1, the choice the floor, 4.
     model, backend = await load(spec(tmp_path), lambda rows: 0.060 * rows)
-    assert batches_of(backend) == [1, 2, 4] and model.spec.policy.max_batch_size == CHOICE_FLOOR == 4
+    assert batches_of(backend) == [1, 2, 4] and model.dispatcher.cap.value == CHOICE_FLOOR == 4
 
 
 async def test_the_search_does_not_start_a_batch_predicted_past_the_load_time_bound(tmp_path):
     # 100 ms + 50 ms a row: 4 rows take 0.3 s, so 8 would take up to 0.6 s at 4's time per row,
     # past SEARCH_RUN_LIMIT_S (0.5 s): not run, though it would still have been faster per row.
     model, backend = await load(spec(tmp_path), lambda rows: 0.100 + 0.050 * rows)
-    assert batches_of(backend) == [1, 2, 4] and model.spec.policy.max_batch_size == 4
+    assert batches_of(backend) == [1, 2, 4] and model.dispatcher.cap.value == 4
 
 
 async def test_the_latency_budget_stops_the_search_and_bounds_the_choice(tmp_path):
     model, backend = await load(spec(tmp_path, budget_s=0.025), knee_at_32)
     assert batches_of(backend) == [1, 2, 4, 8, 16, 32]  # 32 rows take 32 ms, past the 25 ms budget
-    assert model.spec.policy.max_batch_size == 16
+    assert model.dispatcher.cap.value == 16
 
 
 async def test_an_explicit_max_batch_size_is_kept_and_warmed_up_to(tmp_path):
@@ -123,6 +126,7 @@ async def test_an_explicit_max_batch_size_is_kept_and_warmed_up_to(tmp_path):
     assert batches_of(backend) == [1, 2, 4, 8, 16]
     assert backend.sizes() == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]  # each twice: one unmeasured, one measured
     assert model.spec.policy.max_batch_size == 16 and model.dispatcher.policy.max_batch_size == 16
+    assert model.dispatcher.cap.value == 16 and not model.dispatcher.cap.live
     assert model.dispatcher.latency.top_rows(16) == 16
 
 

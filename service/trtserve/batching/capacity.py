@@ -54,7 +54,7 @@ def inflight_rows(dispatcher: Dispatcher) -> float | None:
     policy = dispatcher.policy
     levels = range(1, policy.priority_levels + 1) if policy.priority_levels else [policy.default_priority]
     queues = [policy.queue_policy(level) for level in levels]
-    running = dispatcher.backend.slots * policy.rows_per_batch
+    running = dispatcher.backend.slots * dispatcher.cap.value
     if all(math.isfinite(q.default_timeout) and not q.allow_timeout_override for q in queues):
         return best_rows_per_second(dispatcher) * max(q.default_timeout for q in queues) + running
     if all(q.max_queue_size for q in queues):

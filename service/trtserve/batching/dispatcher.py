@@ -20,30 +20,25 @@ from collections.abc import Sequence
 import numpy as np
 
 from trtserve.batching.budgets import DeadlineBudgets
+from trtserve.batching.cap import BatchCap
 from trtserve.batching.host import HostMeter
 from trtserve.batching.latency import LatencyModel
-from trtserve.batching.policy import Hold, Inputs, adaptive_cap, decide, ends_hold
+from trtserve.batching.policy import Hold, Inputs, decide, ends_hold
 from trtserve.batching.queue import Piece, QueueEntry, RequestQueue
 from trtserve.batching.rate import ArrivalRate
+from trtserve.batching.snapshot import DispatchSnapshot
 from trtserve.batching.stats import DispatchStats
 from trtserve.batching.wait import HINT_REFRESH_S, SlotEnds, Wait, predict, queue_hint
+from trtserve.batching.watchdog import HangWatch
 from trtserve.clock import Clock, MonotonicClock
 from trtserve.config import BatchingPolicy, TimeoutAction
 from trtserve.datatypes import Tensors
 from trtserve.errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
 from trtserve.ipc.admission import QueueHint
-from trtserve.runtimes.base import Abortable, Backend, Batch, RunsInline, unpack
+from trtserve.runtimes.base import Backend, Batch, RunsInline, unpack
 
 log = logging.getLogger(__name__)
 
-# With adaptive_batch_size, the cap is recomputed from the latency curve every this many batches.
-CAP_REFRESH_BATCHES = 16
-# A batch still running after HANG_FACTOR times its predicted run time, and at least HANG_MIN_S
-# seconds, marks its slot unhealthy (until it returns) and is aborted where the backend can
-# (trtserve.runtimes.base.Abortable: a Python model's worker process is killed and started
-# again).
-HANG_FACTOR = 20.0
-HANG_MIN_S = 10.0
 INLINE_RUN_S = 0.5e-3
 """A batch the latency model predicts to run within this many seconds runs on the event loop
 itself where the backend can (:class:`~trtserve.runtimes.base.RunsInline`): handing a batch to
@@ -73,6 +68,12 @@ class Dispatcher:
             :func:`time.thread_time` of the loop thread with the production clock, and a
             counter that never moves with any other clock (CPU time against fake time would
             make fake-clock tests depend on the machine); the simulator passes its host's.
+        name: the model's name and version, for log lines.
+
+    Attributes:
+        cap: the batch cap (:class:`~trtserve.batching.cap.BatchCap`): ``max_batch_size``, or
+            with ``adaptive_batch_size`` a live estimate below it, learned from the batches run
+            here (:meth:`start_cap` sets where it starts).
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class Dispatcher:
         latency: LatencyModel | None = None,
         stats: DispatchStats | None = None,
         host: HostMeter | None = None,
+        name: str = "model",
     ) -> None:
         self.backend = backend
         # Whether short batches may run on the loop (INLINE_RUN_S): decided once, not per batch.
@@ -96,13 +98,13 @@ class Dispatcher:
         self.arrivals = ArrivalRate()
         self.host = host or HostMeter(time.thread_time if isinstance(self.clock, MonotonicClock) else _no_cpu)
         self.budgets = DeadlineBudgets()
-        self.cap = policy.rows_per_batch
+        self.name = name
+        self.cap = self._new_cap(policy, policy.rows_per_batch, "the hard limit, until a start is measured")
         self._idle = list(range(backend.slots))
         self._running: set[asyncio.Task[None]] = set()
         self._inflight: dict[QueueEntry, None] = {}  # entries with rows in a running batch
-        self._hang_at: dict[int, tuple[float, float]] = {}  # running slot -> (started, counts as hung at)
+        self.hangs = HangWatch(backend)
         self._launch_cpu: dict[int, float] = {}  # slot -> host CPU of deciding and launching its batch
-        self.unhealthy_slots: set[int] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -184,7 +186,7 @@ class Dispatcher:
         (the drain time of the queue)."""
         now = self.clock.now()
         return predict(self.queue.entries, priority, deadline, rows, length, now=now,
-                       free_at=self._ends.free_at(now, self._idle), cap=self.cap, latency=self.latency)
+                       free_at=self._ends.free_at(now, self._idle), cap=self.cap.value, latency=self.latency)
 
     def hint(self) -> QueueHint:
         """The queue as front ends see it (:class:`~trtserve.ipc.admission.QueueHint`), at
@@ -193,8 +195,23 @@ class Dispatcher:
         if self._hint is None or now - self._hint_at > HINT_REFRESH_S:
             self._hint_at = now
             self._hint = queue_hint(self.queue, self.policy, now=now, free_at=self._ends.free_at(now, self._idle),
-                                    cap=self.cap, latency=self.latency, next_look=self._next_look)
+                                    cap=self.cap.value, latency=self.latency, next_look=self._next_look)
         return self._hint
+
+    def snapshot(self) -> DispatchSnapshot:
+        """The dispatcher as metrics and tools see it, now (:class:`~trtserve.batching.snapshot.DispatchSnapshot`).
+        Read from another thread (a scrape) it may mix two moments, never fail."""
+        now = self.clock.now()
+        wait = self.predict_wait(math.inf, math.inf, 0)
+        cap = self.cap
+        return DispatchSnapshot(
+            queued_requests=len(self.queue.entries), queued_rows=self.queue.queued_rows, slots=self.backend.slots,
+            busy_slots=self.backend.slots - len(self._idle), unhealthy_slots=len(self.hangs.unhealthy),
+            healthy=self.healthy, arrival_rate=self.arrivals.rate(now), cap=cap.value, cap_live=cap.live,
+            cap_reason=cap.reason, cap_moves=cap.moves, drain_s=wait.start - wait.now,
+            host_overhead_s=self.host.per_batch, host_busy_share=self.host.busy, tight_budget_s=self.budgets.tight,
+            curve={length: self.latency.curve(length) for length in self.latency.lengths},
+        )
 
     def set_policy(self, policy: BatchingPolicy) -> None:
         """Replace the batching policy; it applies from the next decision on. Queued and
@@ -207,34 +224,42 @@ class Dispatcher:
         if (policy.max_batch_size == 0) != (self.policy.max_batch_size == 0):
             raise ValueError("max_batch_size cannot change between 0 (no batch dimension) and > 0 at run time")
         self.policy = policy
-        self.cap = policy.rows_per_batch if not policy.adaptive_batch_size else min(self.cap, policy.rows_per_batch)
+        if (policy.rows_per_batch, policy.adaptive_batch_size) != (self.cap.limit, self.cap.live):
+            self.cap = self._new_cap(policy, min(self.cap.value, policy.rows_per_batch), "a policy update")
         self._wake.set()
+
+    def start_cap(self, rows: int, reason: str) -> None:
+        """Where a live cap starts (the warm-up's choice, :mod:`trtserve.engine.warmup`); a fixed
+        cap stays ``max_batch_size``. ``reason``: one sentence for the log and metrics."""
+        self.cap = self._new_cap(self.policy, rows, reason)
+        log.info("%s: batch cap %d rows (%s)", self.name, self.cap.value, self.cap.reason)
+
+    def _new_cap(self, policy: BatchingPolicy, start: int, reason: str) -> BatchCap:
+        if not policy.adaptive_batch_size:
+            reason = "max_batch_size, fixed in the model's config"
+        return BatchCap(policy.rows_per_batch, start, live=policy.adaptive_batch_size, reason=reason,
+                        fits=self._fits_budget)
+
+    def _fits_budget(self, rows: int) -> bool:
+        """Whether a batch of ``rows`` rows is predicted to run within the latency budget."""
+        return self.latency.predict(rows) <= self.policy.latency_budget
 
     @property
     def healthy(self) -> bool:
-        """False while every slot is running a batch that hung (see :data:`HANG_FACTOR`), including
-        while an aborted one is being made ready again."""
-        return len(self.unhealthy_slots) < self.backend.slots
+        """False while every slot is running a batch that hung (:mod:`~trtserve.batching.watchdog`),
+        including while an aborted one is being made ready again."""
+        return len(self.hangs.unhealthy) < self.backend.slots
+
+    @property
+    def unhealthy_slots(self) -> set[int]:
+        """Slots running one batch past the hang limit (:mod:`~trtserve.batching.watchdog`)."""
+        return self.hangs.unhealthy
 
     @property
     def host_overhead_s(self) -> float:
         """Measured host CPU seconds one batch costs beside its engine run (per-batch code on
         the event loop: decide, launch, hand-off, deliver); 0 before the first batch."""
         return self.host.per_batch
-
-    @property
-    def host_busy_share(self) -> float:
-        """The event-loop thread's busy share (CPU / wall) over the recent windows, 0..1 (a
-        simulated host with a backlog may exceed 1), as of the loop's last decision: reading it
-        (metrics, from another thread) changes nothing."""
-        return self.host.busy
-
-    @property
-    def tight_budget_s(self) -> float:
-        """The tight end (10th percentile) of recent requests' deadline budgets, seconds
-        (``math.inf`` while most carry no deadline): batches are capped so such a request
-        arriving during one can still be answered."""
-        return self.budgets.tight
 
     @property
     def idle_slots(self) -> int:
@@ -259,7 +284,8 @@ class Dispatcher:
             mark = cpu()
             now = self.clock.now()
             share, batch_share = self.host.share(now)
-            inputs = Inputs(now, len(self._idle), self.backend.slots, self.arrivals.rate(now), self.cap,
+            cap = self.cap.for_batch(self.queue.queued_rows)
+            inputs = Inputs(now, len(self._idle), self.backend.slots, self.arrivals.rate(now), cap,
                             share, batch_share, self.host.per_batch, self.budgets.tight)
             decision = decide(self.queue.entries, inputs, self.policy, self.latency)
             for entry in decision.expired:
@@ -278,10 +304,9 @@ class Dispatcher:
 
     def _watch(self, now: float) -> float | None:
         """Answer DEADLINE_EXCEEDED to callers whose deadline passed while their batch runs
-        (they stop waiting for a slow or hung engine), and mark slots whose batch hung (and
-        have the backend abort that batch, where it can).
-        Returns when to look again."""
-        wake = math.inf
+        (they stop waiting for a slow or hung engine), and mark slots whose batch hung
+        (:class:`~trtserve.batching.watchdog.HangWatch`). Returns when to look again."""
+        wake = self.hangs.check(now)
         for entry in list(self._inflight):
             if entry.done or entry.running == 0:
                 del self._inflight[entry]
@@ -292,21 +317,6 @@ class Dispatcher:
                 _fail(entry, RequestTimeout("the request's deadline passed while its batch was still running"))
             else:
                 wake = min(wake, entry.deadline)
-        for slot, (started, hang_at) in self._hang_at.items():
-            if now < hang_at:
-                wake = min(wake, hang_at)
-            elif slot not in self.unhealthy_slots:
-                self.unhealthy_slots.add(slot)
-                why = (f"execution slot {slot} has run one batch for {now - started:.1f} s, past the hang "
-                       f"limit of {hang_at - started:.1f} s")
-                log.warning("%s: marked unhealthy", why)
-                if isinstance(self.backend, Abortable):
-                    # Only the backend can stop a run; its run() then fails this batch and returns.
-                    try:
-                        if self.backend.abort(slot, why):
-                            log.warning("execution slot %d: aborting its batch", slot)
-                    except Exception:  # a runtime bug must not stop the dispatch loop
-                        log.exception("execution slot %d: abort failed", slot)
         return wake if wake < math.inf else None
 
     async def _wait(self, until: float | None) -> None:
@@ -342,7 +352,7 @@ class Dispatcher:
         length = max(p.entry.length for p in pieces)
         predicted = self.latency.predict(rows, length)
         now = self.clock.now()
-        self._hang_at[slot] = (now, now + max(HANG_FACTOR * predicted, HANG_MIN_S))
+        self.hangs.started(slot, now, predicted)
         self._ends.started(slot, now, self.latency.lower_bound(rows, length))
         for piece in pieces:
             self._inflight[piece.entry] = None
@@ -396,21 +406,22 @@ class Dispatcher:
         self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length,
                                 real=sum(p.rows * p.entry.length for p in pieces),
                                 requests=len({id(p.entry) for p in pieces}))
-        self._refresh_cap(length)
+        self._observe_cap(batch.rows, elapsed)
         self._deliver(pieces, batch, outputs)
         host_cpu += self.host.cpu() - mark
         self.host.observe_batch(host_cpu)
         self.stats.host_seconds += host_cpu
 
     def _free(self, slot: int) -> None:
-        del self._hang_at[slot]
-        self.unhealthy_slots.discard(slot)
+        self.hangs.finished(slot)
         self._idle.append(slot)
         self._wake.set()
 
-    def _refresh_cap(self, length: int) -> None:
-        if self.policy.adaptive_batch_size and self.stats.batches % CAP_REFRESH_BATCHES == 0:
-            self.cap = adaptive_cap(self.latency, self.policy, length)
+    def _observe_cap(self, rows: int, seconds: float) -> None:
+        moves = self.cap.moves
+        self.cap.observe(rows, seconds)
+        if self.cap.moves != moves:
+            log.info("%s: batch cap %d rows (%s)", self.name, self.cap.value, self.cap.reason)
 
     def _deliver(self, pieces: Sequence[Piece], batch: Batch, outputs: Tensors) -> None:
         for name, arr in outputs.items():

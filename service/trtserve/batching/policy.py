@@ -262,15 +262,6 @@ class _OneRow:
         return t
 
 
-def adaptive_cap(latency: LatencyModel, policy: BatchingPolicy, length: int = 1, tolerance: float = 0.05) -> int:
-    """The :func:`knee` of the measured throughput curve among batch sizes up to
-    ``max_batch_size``, within ``policy.latency_budget``; ``max_batch_size`` until anything is
-    measured."""
-    limit = policy.rows_per_batch
-    curve = {b: t for b, t in latency.curve(length).items() if b <= limit}
-    return knee(curve, policy.latency_budget, tolerance) or limit
-
-
 def knee(curve: Mapping[int, float], budget: float = math.inf, tolerance: float = 0.05) -> int | None:
     """The knee of a throughput curve (batch size → seconds per batch): the smallest size whose
     rows/s is within ``tolerance`` of the best, among the sizes whose time fits ``budget``

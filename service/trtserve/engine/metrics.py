@@ -37,10 +37,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import HistogramMetricFamily, Metric
 
-from trtserve.batching.stats import DURATION_BUCKETS, Histogram
+from trtserve.batching.stats import DURATION_BUCKETS, DispatchStats, Histogram
 from trtserve.clock import Clock, wall_time_ns
+from trtserve.engine.metric_families import FAMILIES, families
 from trtserve.ipc.messages import UNKNOWN_MODEL, ModelState
 
 if TYPE_CHECKING:
@@ -49,9 +50,6 @@ if TYPE_CHECKING:
 
 REFUSALS = ("queue_full", "queue_wait", "deadline_unmeetable", "inflight_bound")
 """The ``reason`` labels of ``trtserve_rejected_total`` (``TrtServeError.refusal``)."""
-
-VERSIONED = ["model", "version"]
-"""The labels of the per-version series (one per served version of a model)."""
 
 BATCH_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 """Upper bounds (rows) of the ``trtserve_batch_size_rows`` histogram."""
@@ -177,46 +175,19 @@ class TrtServeCollector:
         self._lock = threading.Lock()  # two scrapes at once share _last_busy
 
     def collect(self) -> Iterator[Metric]:
-        """Every family, built now (called by prometheus_client on each scrape)."""
+        """Every family of :data:`~trtserve.engine.metric_families.FAMILIES`, built now (called
+        by prometheus_client on each scrape)."""
+        f = families(*FAMILIES)
         with self._lock:
-            yield from self._requests()
-            yield from self._models()
-        yield GaugeMetricFamily(
-            "trtserve_inflight_requests", "Requests being processed now (unary and stream messages).",
-            value=self.inflight(),
-        )
-        per_frontend = CounterMetricFamily(
-            "trtserve_frontend_requests", "Requests each front end sent to the engine core.", labels=["frontend"]
-        )
+            self._requests(f)
+            self._models(f)
+        f["trtserve_inflight_requests"].add_metric([], self.inflight())
         for index, count in sorted(self.frontends().items()):
-            per_frontend.add_metric([str(index)], count)
-        yield per_frontend
+            f["trtserve_frontend_requests"].add_metric([str(index)], count)
+        yield from f.values()
 
-    def _requests(self) -> Iterator[Metric]:
-        count = CounterMetricFamily(
-            "trtserve_requests", "Requests answered, by model and gRPC status code.", labels=["model", "code"]
-        )
-        duration = HistogramMetricFamily(
-            "trtserve_request_duration_seconds", "Time from decoding a request to its encoded answer.",
-            labels=["model", "code"],
-        )
-        deadline = CounterMetricFamily(
-            "trtserve_deadline_exceeded",
-            "Requests past their deadline: answered DEADLINE_EXCEEDED before running (before_run) "
-            "or answered after the deadline (finished_late).",
-            labels=["model", "when"],
-        )
-        rejected = CounterMetricFamily(
-            "trtserve_rejected",
-            "Requests refused at admission, before queueing: queue_full (max_queue_size), queue_wait (the predicted "
-            "queue wait leaves no time before the deadline), deadline_unmeetable (not even an idle server could), "
-            "inflight_bound (the front end held --max-inflight-rpcs requests in progress).",
-            labels=["model", "reason"],
-        )
-        goodput = CounterMetricFamily(
-            "trtserve_goodput_requests", "Requests answered OK within their deadline (or without one).",
-            labels=["model"],
-        )
+    def _requests(self, f: dict[str, Metric]) -> None:
+        count, duration = f["trtserve_requests"], f["trtserve_request_duration_seconds"]
         late: dict[str, int] = {}
         early: dict[str, int] = {}
         for model, entry in sorted(list(self.requests.models.items())):
@@ -229,19 +200,19 @@ class TrtServeCollector:
             if model != UNKNOWN_MODEL:
                 refused = dict(entry.refused)
                 for reason in REFUSALS:
-                    rejected.add_metric([model, reason], refused.get(reason, 0))
-                goodput.add_metric([model], entry.on_time)
+                    f["trtserve_rejected"].add_metric([model, reason], refused.get(reason, 0))
+                f["trtserve_goodput_requests"].add_metric([model], entry.on_time)
         before_run: Counter[str] = Counter()
         finished_late: Counter[str] = Counter()
         for (name, _version), stats in list(self.registry.stats.items()):  # every version ever served
             before_run[name] += stats.expired_before_run
             finished_late[name] += stats.finished_late
+        deadline = f["trtserve_deadline_exceeded"]
         for name in sorted(self.registry.models):
             deadline.add_metric([name, "before_run"], before_run[name] + early.get(name, 0))
             # finished_late: the dispatcher answered DEADLINE_EXCEEDED while the batch ran, or
             # the answer was ready (OK) only after the deadline.
             deadline.add_metric([name, "finished_late"], finished_late[name] + late.get(name, 0))
-        yield from (count, duration, deadline, rejected, goodput)
 
     def _dispatchers(self) -> list[tuple[str, str, Dispatcher]]:
         """(name, version, dispatcher) of every served version, by name then version."""
@@ -249,130 +220,56 @@ class TrtServeCollector:
                 for name, entry in sorted(list(self.registry.models.items()))
                 for version, served in list(entry.versions.items())]
 
-    def _models(self) -> Iterator[Metric]:
-        queue_time = HistogramMetricFamily(
-            "trtserve_queue_duration_seconds", "Time from queueing a request to its first rows running.",
-            labels=VERSIONED,
-        )
-        compute = HistogramMetricFamily(
-            "trtserve_compute_duration_seconds", "Engine run time of one batch.", labels=VERSIONED
-        )
-        batch = HistogramMetricFamily("trtserve_batch_size_rows", "Rows per engine run.", labels=VERSIONED)
-        depth = GaugeMetricFamily("trtserve_queue_depth", "Requests waiting in the model's queue.", labels=VERSIONED)
-        queued_rows = GaugeMetricFamily("trtserve_queue_rows", "Rows waiting in the model's queue.", labels=VERSIONED)
-        slots = GaugeMetricFamily("trtserve_slots", "Execution slots (instance_group count).", labels=VERSIONED)
-        busy_now = GaugeMetricFamily("trtserve_slots_busy", "Execution slots running a batch now.", labels=VERSIONED)
-        busy_total = CounterMetricFamily(
-            "trtserve_slot_busy_seconds", "Engine run time summed over every slot.", labels=VERSIONED
-        )
-        busy_ratio = GaugeMetricFamily(
-            "trtserve_slot_busy_ratio",
-            "Share of slot time spent running batches since the previous scrape "
-            "(rate(trtserve_slot_busy_seconds_total[w]) / trtserve_slots for a fixed window).",
-            labels=VERSIONED,
-        )
-        padding = GaugeMetricFamily(
-            "trtserve_padding_ratio", "Share of the elements run that were padding, since the version first loaded.",
-            labels=VERSIONED,
-        )
-        pad_elems = CounterMetricFamily(
-            "trtserve_padding_elements", "Input elements run that were padding.", labels=VERSIONED
-        )
-        all_elems = CounterMetricFamily(
-            "trtserve_batch_elements", "Input elements run, padding included.", labels=VERSIONED
-        )
-        ready = GaugeMetricFamily(
-            "trtserve_model_ready", "1 when the model serves (loaded, and not every slot hung), else 0.",
-            labels=VERSIONED,
-        )
-        unhealthy = GaugeMetricFamily(
-            "trtserve_slots_unhealthy", "Execution slots running one batch past the hang limit.", labels=VERSIONED
-        )
-        predicted = GaugeMetricFamily(
-            "trtserve_predicted_batch_seconds",
-            "The latency model: predicted run time of a batch of `rows` rows padded to `length` "
-            "(measured buckets).",
-            labels=[*VERSIONED, "rows", "length"],
-        )
-        arrival = GaugeMetricFamily(
-            "trtserve_arrival_rate_rows", "Rows per second arriving, as the dispatcher estimates it.", labels=VERSIONED
-        )
-        cap = GaugeMetricFamily(
-            "trtserve_batch_cap_rows", "Most rows the next batch may take (the adaptive cap, or max_batch_size).",
-            labels=VERSIONED,
-        )
-        drain = GaugeMetricFamily(
-            "trtserve_queue_drain_seconds",
-            "Predicted time until every queued row and running batch is done, at the slow end of the measured run "
-            "times (what admission compares with deadlines behind a queue).",
-            labels=VERSIONED,
-        )
-        host = GaugeMetricFamily(
-            "trtserve_batch_host_seconds",
-            "Measured host CPU one batch costs beside its engine run (decide, launch, hand-off, deliver): "
-            "the per-batch cost the adaptive policy weighs against waiting.",
-            labels=VERSIONED,
-        )
-        host_busy = GaugeMetricFamily(
-            "trtserve_host_busy_ratio",
-            "Busy share (CPU / wall) of the engine core's event-loop thread, recent windows.",
-            labels=VERSIONED,
-        )
-        tight = GaugeMetricFamily(
-            "trtserve_deadline_budget_tight_seconds",
-            "The tight end (10th percentile) of recent requests' deadline budgets (deadline - arrival); "
-            "batches are capped so that such a request arriving during one is still answered in time. "
-            "Absent while most carry none.",
-            labels=VERSIONED,
-        )
+    def _models(self, f: dict[str, Metric]) -> None:
         now = self.clock.now()
         for name, entry in sorted(list(self.registry.models.items())):
             serving = entry.state is ModelState.READY
             for version, served in list(entry.versions.items()) or [("", None)]:
                 healthy = served is not None and served.dispatcher.healthy
-                ready.add_metric([name, version], 1.0 if serving and healthy else 0.0)
+                f["trtserve_model_ready"].add_metric([name, version], 1.0 if serving and healthy else 0.0)
         for name, version, dispatcher in self._dispatchers():
-            stats = dispatcher.stats
             labels = [name, version]
-            counts, total = stats.queue.snapshot()
-            _histogram(queue_time, labels, counts, total, stats.queue.bounds)
-            counts, total = stats.compute.snapshot()
-            _histogram(compute, labels, counts, total, stats.compute.bounds)
-            sizes = dict(stats.batch_sizes)
-            per_bucket = [0] * (len(BATCH_ROW_BUCKETS) + 1)
-            for size, runs in sizes.items():
-                index = next((i for i, b in enumerate(BATCH_ROW_BUCKETS) if size <= b), len(BATCH_ROW_BUCKETS))
-                per_bucket[index] += runs
-            rows_run = float(sum(size * runs for size, runs in sizes.items()))
-            _histogram(batch, labels, per_bucket, rows_run, BATCH_ROW_BUCKETS)
-            n_slots = dispatcher.backend.slots
-            depth.add_metric(labels, len(dispatcher.queue.entries))
-            queued_rows.add_metric(labels, dispatcher.queue.queued_rows)
-            slots.add_metric(labels, n_slots)
-            busy_now.add_metric(labels, n_slots - dispatcher.idle_slots)
-            unhealthy.add_metric(labels, len(dispatcher.unhealthy_slots))
-            arrival.add_metric(labels, dispatcher.arrivals.rate(now))
-            cap.add_metric(labels, dispatcher.cap)
-            wait = dispatcher.predict_wait(math.inf, math.inf, 0)
-            drain.add_metric(labels, wait.start - wait.now)
-            host.add_metric(labels, dispatcher.host_overhead_s)
-            host_busy.add_metric(labels, dispatcher.host_busy_share)
-            if math.isfinite(dispatcher.tight_budget_s):
-                tight.add_metric(labels, dispatcher.tight_budget_s)
-            for length in dispatcher.latency.lengths:
-                for rows, seconds in dispatcher.latency.curve(length).items():
-                    predicted.add_metric([*labels, str(rows), str(length)], seconds)
-            busy = stats.compute_seconds
-            busy_total.add_metric(labels, busy)
+            self._dispatch_stats(f, labels, dispatcher.stats)
+            view = dispatcher.snapshot()
+            for family, value in (
+                ("trtserve_queue_depth", view.queued_requests), ("trtserve_queue_rows", view.queued_rows),
+                ("trtserve_slots", view.slots), ("trtserve_slots_busy", view.busy_slots),
+                ("trtserve_slots_unhealthy", view.unhealthy_slots), ("trtserve_arrival_rate_rows", view.arrival_rate),
+                ("trtserve_batch_cap_rows", view.cap), ("trtserve_batch_cap_moves", view.cap_moves),
+                ("trtserve_queue_drain_seconds", view.drain_s), ("trtserve_batch_host_seconds", view.host_overhead_s),
+                ("trtserve_host_busy_ratio", view.host_busy_share),
+            ):
+                f[family].add_metric(labels, value)
+            if math.isfinite(view.tight_budget_s):
+                f["trtserve_deadline_budget_tight_seconds"].add_metric(labels, view.tight_budget_s)
+            for length, curve in view.curve.items():
+                for rows, seconds in curve.items():
+                    f["trtserve_predicted_batch_seconds"].add_metric([*labels, str(rows), str(length)], seconds)
+            busy = dispatcher.stats.compute_seconds
             then, busy_then = self._last_busy.get((name, version), (None, 0.0))
             if then is not None and now > then:
-                busy_ratio.add_metric(labels, min(1.0, max(0.0, (busy - busy_then) / (n_slots * (now - then)))))
+                ratio = (busy - busy_then) / (view.slots * (now - then))
+                f["trtserve_slot_busy_ratio"].add_metric(labels, min(1.0, max(0.0, ratio)))
             self._last_busy[name, version] = (now, busy)
-            padding.add_metric(labels, stats.padding_ratio)
-            pad_elems.add_metric(labels, stats.padded_elements - stats.real_elements)
-            all_elems.add_metric(labels, stats.padded_elements)
-        yield from (queue_time, compute, batch, depth, queued_rows, slots, busy_now, busy_total, busy_ratio, padding,
-                    pad_elems, all_elems, ready, unhealthy, predicted, arrival, cap, drain, host, host_busy, tight)
+
+    @staticmethod
+    def _dispatch_stats(f: dict[str, Metric], labels: list[str], stats: DispatchStats) -> None:
+        """The families read from one version's counters (:class:`~trtserve.batching.stats.DispatchStats`)."""
+        counts, total = stats.queue.snapshot()
+        _histogram(f["trtserve_queue_duration_seconds"], labels, counts, total, stats.queue.bounds)
+        counts, total = stats.compute.snapshot()
+        _histogram(f["trtserve_compute_duration_seconds"], labels, counts, total, stats.compute.bounds)
+        sizes = dict(stats.batch_sizes)
+        per_bucket = [0] * (len(BATCH_ROW_BUCKETS) + 1)
+        for size, runs in sizes.items():
+            index = next((i for i, b in enumerate(BATCH_ROW_BUCKETS) if size <= b), len(BATCH_ROW_BUCKETS))
+            per_bucket[index] += runs
+        rows_run = float(sum(size * runs for size, runs in sizes.items()))
+        _histogram(f["trtserve_batch_size_rows"], labels, per_bucket, rows_run, BATCH_ROW_BUCKETS)
+        f["trtserve_slot_busy_seconds"].add_metric(labels, stats.compute_seconds)
+        f["trtserve_padding_ratio"].add_metric(labels, stats.padding_ratio)
+        f["trtserve_padding_elements"].add_metric(labels, stats.padded_elements - stats.real_elements)
+        f["trtserve_batch_elements"].add_metric(labels, stats.padded_elements)
 
 
 class MetricsServer:

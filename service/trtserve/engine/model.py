@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,8 +21,6 @@ from trtserve.handlers import has_handler
 from trtserve.ipc.admission import Ask, admit
 from trtserve.runtimes.base import Backend, batch_limit
 from trtserve.spec import ModelSpec, TensorSpec
-
-log = logging.getLogger(__name__)
 
 
 class EngineModel:
@@ -45,41 +42,37 @@ class EngineModel:
         self.clock = clock
         if not has_handler(spec):
             check_engine_io(spec, backend)
-        policy = spec.policy
         if spec.choose_batch_size:
-            # The warm-up searches up to the file's limit; start() then sets the choice.
-            policy = dataclasses.replace(policy, max_batch_size=search_limit(batch_limit(backend)))
-        self.dispatcher = Dispatcher(backend, policy, clock=clock)
+            # The hard limit is the file's (search_limit); the cap in force is learned below it:
+            # the warm-up measures where it starts, the dispatcher moves it while serving.
+            self.spec = _with_limit(spec, search_limit(batch_limit(backend)))
+        self.dispatcher = Dispatcher(backend, self.spec.policy, clock=clock,
+                                     name=f"model {spec.name} version {spec.version}")
 
     async def start(self) -> None:
         """Start the dispatcher and warm the model up (:func:`~trtserve.engine.warmup.warm_up`):
         synthetic batches of 1, 2, 4, ... ``max_batch_size`` rows (variable dims at the
         ``warmup_length`` parameter, default :data:`~trtserve.engine.warmup.WARMUP_LENGTH`),
         each run twice, so that the first real request pays for no lazy initialisation and the
-        latency model starts from a measured profile. Where the config leaves
-        ``max_batch_size`` to the server (:attr:`~trtserve.spec.ModelSpec.choose_batch_size`),
-        the warm-up chooses it and :attr:`spec` (its policy and config, which ModelConfig
-        returns) carries the choice. The model is reported ready only after this."""
+        latency model starts from a measured profile. Where the batch cap is live (the config
+        leaves ``max_batch_size`` to the server, :attr:`~trtserve.spec.ModelSpec.choose_batch_size`,
+        or asks for ``adaptive_batch_size``), the warm-up's curve gives where the cap starts
+        (:func:`~trtserve.engine.warmup.choose`); the dispatcher then moves it while serving
+        (:class:`~trtserve.batching.cap.BatchCap`). The model is reported ready only after this."""
         self.dispatcher.start()
         length = int(self.spec.parameters.get("warmup_length", WARMUP_LENGTH))
-        choose = self.spec.choose_batch_size
-        limit = self.dispatcher.policy.max_batch_size
+        policy = self.spec.policy
+        limit = policy.max_batch_size
 
         def feed(rows: int) -> Tensors:
             return self.backend.prepare(sample_inputs(self.backend.inputs, rows, length))
 
-        curve = await warm_up(self.dispatcher, feed, limit, search=choose)
-        if choose:
-            chosen = warmup.choose(curve, self.spec.policy.latency_budget) or limit
-            policy = dataclasses.replace(self.spec.policy, max_batch_size=chosen)
-            config = type(self.spec.config)()
-            config.CopyFrom(self.spec.config)
-            config.max_batch_size = chosen
-            self.spec = dataclasses.replace(self.spec, policy=policy, config=config)
-            self.dispatcher.set_policy(policy)
-            log.info("model %s version %s: max_batch_size %d, chosen at load (rows/s by batch size: %s; "
-                     "the model file allows %s)", self.spec.name, self.spec.version, chosen,
-                     ", ".join(f"{b}: {b / t:.0f}" for b, t in curve.items()), batch_limit(self.backend) or "any")
+        curve = await warm_up(self.dispatcher, feed, limit, search=self.spec.choose_batch_size)
+        if policy.adaptive_batch_size:
+            start = warmup.choose(curve, policy.latency_budget) or limit
+            self.dispatcher.start_cap(start, "the knee of the warm-up's curve (rows/s by batch size: " +
+                                      ", ".join(f"{b}: {b / t:.0f}" for b, t in curve.items()) +
+                                      f"; the hard limit is {limit})")
         self.dispatcher.stats.reset()  # statistics and metrics count traffic, not the warm-up
 
     def submit(self, segments: list[Tensors], ask: Ask) -> tuple[asyncio.Future[list[Tensors]], float]:
@@ -107,6 +100,16 @@ class EngineModel:
         """Finish queued and running requests, then release the runtime."""
         await self.dispatcher.aclose()
         await self.backend.aclose()
+
+
+def _with_limit(spec: ModelSpec, limit: int) -> ModelSpec:
+    """``spec`` with ``max_batch_size`` set to ``limit`` (policy and config, which ModelConfig
+    returns) and a live cap below it (``adaptive_batch_size``)."""
+    policy = dataclasses.replace(spec.policy, max_batch_size=limit, adaptive_batch_size=True)
+    config = type(spec.config)()
+    config.CopyFrom(spec.config)
+    config.max_batch_size = limit
+    return dataclasses.replace(spec, policy=policy, config=config)
 
 
 def check_engine_io(spec: ModelSpec, backend: Backend) -> None:

@@ -5,7 +5,8 @@ model's own dispatcher: the first run pays the first-run costs of its shape (all
 selection, a cold cache) and does not enter the latency model; the others seed the latency model
 the dispatcher starts from.
 
-**Choosing max_batch_size** (:attr:`~trtserve.spec.ModelSpec.choose_batch_size`): the sizes double
+**Where a live batch cap starts** (:attr:`~trtserve.spec.ModelSpec.choose_batch_size`, or
+``adaptive_batch_size``; the cap then moves while serving, :mod:`trtserve.batching.cap`): the sizes double
 from 1 until throughput stops growing: until :data:`SEARCH_PATIENCE` sizes in a row whose rows/s
 is not more than :data:`KNEE_TOLERANCE` above the best smaller size (among sizes whose batch takes at least
 :data:`SEARCH_SAMPLE_S`: the cheap sizes are always measured, so one slow run of one of them
@@ -21,7 +22,7 @@ the smallest measured size within :data:`KNEE_TOLERANCE` of the best rows/s, but
 :data:`CHOICE_FLOOR` rows where the file and the latency budget allow that many
 (:func:`choose`). A load while other work holds the cores measures every size slow and
 unevenly: on 2 busy cores minilm's search once chose 1 row where the quiet machine's knee is
-16-32, and a cap is never measured above itself again, so it would have stayed. Against a fixed
+16-32 (the live cap then has to climb back while serving). Against a fixed
 ``max_batch_size`` the search costs a third run of every size and the sizes past the knee up to
 the first that does not beat it.
 """
@@ -138,7 +139,7 @@ async def warm_up(
 
 
 def choose(curve: dict[int, float], budget: float) -> int | None:
-    """The max_batch_size chosen from the warm-up's ``curve`` (batch size → fastest run,
+    """The batch cap to start from, chosen from the warm-up's ``curve`` (batch size → fastest run,
     seconds): its knee (:func:`~trtserve.batching.policy.knee`, within ``budget`` seconds a
     batch), raised to :data:`CHOICE_FLOOR` where a measured size of at least that many rows fits
     ``budget`` (the floor is then the smallest such size); ``None`` for a curve with no positive

@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ordered", action="store_true", help="write rows in input order (default: completion order)")
     parser.add_argument("--fail-on-error", action="store_true", help="exit 1 if any row is in the errors file")
     parser.add_argument("--max-inflight", type=int, default=8, help="unanswered messages per stream (default: 8)")
-    parser.add_argument("--rows-per-message", type=int, help="rows per request (default: the model's max_batch_size)")
+    parser.add_argument("--rows-per-message", type=int,
+                        help="rows per request (default: the model's max_batch_size, at most 64)")
     parser.add_argument("--flush-rows", type=int, default=2048,
                         help="rows per committed part / row group (default: 2048)")
     parser.add_argument("--flush-seconds", type=float, default=30.0,

@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"knee at length {length}: batch {size} ({size / seconds:.0f} rows/s, {seconds * 1e3:.1f} ms)")
     choice = max(knees.values())
     print(f"recommended: max_batch_size: {choice}   "
-          "(config.pbtxt; or parameters adaptive_batch_size \"true\" to follow drift)")
+          "(config.pbtxt; or leave it out, or set parameters adaptive_batch_size \"true\", and the server "
+          "learns the cap while serving)")
 
     try:
         import matplotlib

@@ -2,8 +2,8 @@
 
 One ``grpc.aio`` channel and one ModelStreamInfer stream per endpoint (:mod:`.endpoints`).
 Rows are packed into messages of up to ``rows_per_message`` rows (default: the model's
-``max_batch_size``), each message a request with its own id; the server answers in completion
-order and the answer is matched back to its rows by that id.
+``max_batch_size``, at most :data:`MESSAGE_ROWS`), each message a request with its own id; the
+server answers in completion order and the answer is matched back to its rows by that id.
 
 * **Spreading**: a message goes to the live endpoint with the least outstanding rows among those
   with fewer than ``max_inflight`` messages unanswered (least outstanding work).
@@ -72,6 +72,11 @@ from trtserve.tools.bulklib.source import (
 from trtserve.tools.bulklib.summary import RETRY_CODES, LatencySample, Summary
 
 log = logging.getLogger("trtserve.bulk")
+
+MESSAGE_ROWS = 64
+"""The most rows of a message by default: enough that per-message work is a small share of a
+row's, few enough that the dispatcher can interleave other callers' rows (a model whose cap the
+server learns reports its hard limit, up to 1024, as ``max_batch_size``)."""
 
 
 @dataclass
@@ -228,7 +233,7 @@ class BulkJob:
         self.batched = info.batched
         self.inputs, self.outputs = info.inputs, info.outputs
         self.mapping = parse_input_columns(list(cfg.input_columns), [t.name for t in self.inputs])
-        per_message = cfg.rows_per_message or max(info.max_batch_size, 1)
+        per_message = cfg.rows_per_message or min(max(info.max_batch_size, 1), MESSAGE_ROWS)
         self.rows_per_message = per_message if info.batched else 1
         self.window = max(2 * len(self.endpoints) * cfg.max_inflight * self.rows_per_message, 4 * self.rows_per_message)
         log.info("model %s version %s: inputs %s, outputs %s, %d rows per message", cfg.model, info.version,
