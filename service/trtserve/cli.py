@@ -200,11 +200,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
 
 
 # Subcommands: name → (module with add_arguments(parser) and run(args) -> int, help). The user
-# tools are in trtserve/tools/; the developer harness (bench, simulate) in trtserve/harness/.
+# tools are in trtserve/tools/; the developer harness (demo, bench, simulate) in trtserve/harness/.
 TOOLS = {
     "build": ("trtserve.tools.build",
               "build every model of the repository (ONNX exports, test models, TensorRT plans)"),
-    "demo": ("trtserve.tools.demo",
+    "demo": ("trtserve.harness.demo",
              "the main job on real data: STS-B dev through a live server, then a corpus embed"),
     "check": ("trtserve.tools.check",
               "check that a model (and its handler) gives the same answers batched as alone"),

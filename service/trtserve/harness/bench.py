@@ -162,7 +162,7 @@ from trtserve.harness.benchlib.sweeps import (
     refusal_points,
 )
 from trtserve.harness.benchlib.workload import CORPUS, Workload, build_workload, load_texts
-from trtserve.tools.child_server import ChildServer, ServerProcess
+from trtserve.testing import ChildServer, ServerProcess
 
 DEFAULT_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 POLICY_MODE = "policy"
