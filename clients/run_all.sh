@@ -61,7 +61,7 @@ for client in "${CLIENTS[@]}"; do
     cpp) run cpp clients/cpp/build/trtserve_example "$URL" ;;
     go) run go clients/go/build/go_example "$URL"
         run loadgen env TRTSERVE_REQUIRE_LOADGEN=1 PYTHONPATH="$ROOT/service" "$PYTHON" -m pytest -q \
-          tests/integration/test_loadgen_binary.py tests/integration/test_bench_load.py ;;
+          tests/harness/test_loadgen_binary.py tests/harness/test_bench_load.py ;;
     *) echo "unknown client '$client' (node, cpp, go)" >&2; FAILED+=("$client") ;;
   esac
 done

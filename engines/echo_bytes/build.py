@@ -1,5 +1,5 @@
 """Recipe: `trtserve build` writes this model's 1/model.onnx."""
 
-from trtserve.tools.testmodels import build_echo_bytes as build
+from trtserve.testing.models import build_echo_bytes as build
 
 __all__ = ["build"]

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from trtserve.client import AUTH_TOKEN_ENV, read_token_file
 from trtserve.engine.lifecycle import DEFAULT_POLL_SECS, ControlMode, LifecycleConfig
@@ -193,18 +194,19 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         tool = sub.add_parser(name, help=help_text)
         _add_repository(tool)
         if name == selected:
-            importlib.import_module(TOOLS[name][0]).add_arguments(tool)
+            _tool(name).add_arguments(tool)
     _env_defaults(parser)
     _env_defaults(serve)
     return parser
 
 
 # Subcommands: name → (module with add_arguments(parser) and run(args) -> int, help). The user
-# tools are in trtserve/tools/; the developer harness (bench, simulate) in trtserve/harness/.
+# tools are in trtserve/tools/; the developer harness (demo, bench, simulate) in trtserve/harness/,
+# loaded by name only when chosen (nothing of the product imports it; it needs the `bench` extra).
 TOOLS = {
     "build": ("trtserve.tools.build",
               "build every model of the repository (ONNX exports, test models, TensorRT plans)"),
-    "demo": ("trtserve.tools.demo",
+    "demo": ("trtserve.harness.demo",
              "the main job on real data: STS-B dev through a live server, then a corpus embed"),
     "check": ("trtserve.tools.check",
               "check that a model (and its handler) gives the same answers batched as alone"),
@@ -220,6 +222,22 @@ TOOLS = {
 }
 
 
+def _tool(name: str) -> ModuleType:
+    """The module of subcommand ``name``.
+
+    Raises:
+        SystemExit: a harness command whose ``bench`` extra is not installed (status 2, one line).
+    """
+    module = TOOLS[name][0]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if not module.startswith("trtserve.harness.") or (exc.name or "").startswith("trtserve"):
+            raise
+        print(f"trtserve {name}: needs the bench extra (pip install 'trtserve[bench]'): {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``trtserve`` command; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -229,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logs.configure(args.log_level, args.log_format, args.log_requests)
     if args.command in TOOLS:
-        return importlib.import_module(TOOLS[args.command][0]).run(args)
+        return _tool(args.command).run(args)
     return cmd_serve(args)
 
 

@@ -3,8 +3,7 @@
 This directory runs in a pytest process of its own (see the Makefile): tritonclient's
 generated modules register the same protobuf symbols (``inference.*``) as trtserve's, so the
 two cannot be imported into one process. The server is a real ``trtserve serve`` child
-process on 127.0.0.1 with an ephemeral port (``trtserve.tools.child_server`` imports no protobuf
-module).
+process on 127.0.0.1 with an ephemeral port (``trtserve.testing`` imports no protobuf module).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ import numpy as np
 import tritonclient.grpc as tc
 from prometheus_client.parser import text_string_to_metric_families
 
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 
 def free_port() -> int:

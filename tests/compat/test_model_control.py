@@ -13,7 +13,7 @@ import pytest
 import tritonclient.grpc as tc
 from tritonclient.utils import InferenceServerException
 
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 
 @pytest.fixture(scope="module")

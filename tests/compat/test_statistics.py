@@ -12,7 +12,7 @@ import tritonclient.grpc as tc
 from tritonclient.utils import InferenceServerException
 
 from integration.helpers import scrape
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -32,9 +32,9 @@ def trt(device_info):
 def test_two_trt_slots_under_16_clients_match_the_sequential_reference(trt, tmp_path, precision):
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
-    from trtserve.engine.local import local_model
     from trtserve.engine.registry import ModelRegistry
     from trtserve.ipc.engine import ModelState
+    from trtserve.serving.inprocess import local_model
 
     model_dir = _copy_model("tiny", tmp_path)
     _build(model_dir, precision, tmp_path / "timing.cache")

@@ -182,9 +182,9 @@ def test_the_server_serves_a_built_plan_with_tensorrt(trt, tmp_path):
 
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
-    from trtserve.engine.local import local_model
     from trtserve.engine.registry import ModelRegistry
     from trtserve.ipc.engine import ModelState
+    from trtserve.serving.inprocess import local_model
 
     model_dir = _copy_model("tiny", tmp_path)
     _build(model_dir, "fp32", tmp_path / "timing.cache")

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from trtserve.tools.testmodels import config_text, identity, write_model
+from trtserve.testing.models import config_text, identity, write_model
 
 SHARED_DATA = Path(os.environ.get("TRTSERVE_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 """The shared data directory (stsb/, corpus/): ``TRTSERVE_DATA`` (``make test DATA=...`` sets it), else

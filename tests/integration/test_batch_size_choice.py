@@ -15,7 +15,7 @@ import pytest
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.engine.warmup import SEARCH_CEILING
-from trtserve.tools.testmodels import config_text, identity, write_model
+from trtserve.testing.models import config_text, identity, write_model
 
 
 def chosen_config(name: str, dims: tuple[int, ...], max_batch_size: int | None) -> str:

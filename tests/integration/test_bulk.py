@@ -31,8 +31,8 @@ pa = pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
 from integration.helpers import SHARED_DATA, free_port  # noqa: E402
+from trtserve.testing import ServerProcess  # noqa: E402
 from trtserve.tools.bulklib.sink import PartStore  # noqa: E402
-from trtserve.tools.child_server import ServerProcess  # noqa: E402
 
 CORPUS = SHARED_DATA / "corpus" / "multi30k_en_captions.jsonl.gz"
 TINY_ROWS = 10_000

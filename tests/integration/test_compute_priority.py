@@ -13,7 +13,7 @@ from helpers import write_identity
 
 from trtserve.client import Client
 from trtserve.runtimes.threads import DEFAULT_COMPUTE_NICE
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 
 def nice_values(pid: int) -> dict[int, int]:

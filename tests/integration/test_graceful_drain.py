@@ -21,7 +21,7 @@ from integration.helpers import free_port, row, sample, scrape, write_slow
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 

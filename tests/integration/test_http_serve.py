@@ -24,7 +24,7 @@ import tritonclient.http as th
 
 from integration.helpers import write_gate
 from trtserve.client import Client
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from integration.certificates import make_certificates, write_certificates
 from integration.test_http_rest import GOOD, infer_input, link_models, tiny_input
 from trtserve.client import Client, Credentials
 from trtserve.frontend.grpc.security import TlsConfig
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 
 @pytest.fixture(scope="module")

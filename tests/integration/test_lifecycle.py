@@ -464,7 +464,7 @@ def test_strict_readiness_flag_takes_true_or_false(engines):
 def test_one_process_server_loads_and_unloads_too(tmp_path, engines):
     """``trtserve serve --frontends 1`` (the default on 2 cores): the front end calls the
     engine core in its own process, and follows its table the same way."""
-    from trtserve.tools.child_server import ServerProcess
+    from trtserve.testing import ServerProcess
 
     make_repo(tmp_path, engines, {"tiny": [1], "identity_fp32": [1]})
     flags = ("--frontends", "1", "--model-control-mode", "explicit", "--load-model", "tiny")

@@ -61,7 +61,7 @@ def test_a_batch_size_for_a_model_without_a_batch_dimension_is_refused_not_left_
     """max_batch_size cannot move off 0 at run time: the engine core refuses it with a sentence
     (before, the dispatcher's ValueError went unanswered over ZeroMQ and the call waited for
     its deadline)."""
-    from trtserve.tools.testmodels import config_text, identity, write_model
+    from trtserve.testing.models import config_text, identity, write_model
 
     write_model(tmp_path, "nobatch", identity("FP32", (2, 3), batched=False),
                 config_text("nobatch", [("INPUT0", "FP32", (2, 3))], [("OUTPUT0", "FP32", (2, 3))],

@@ -15,9 +15,9 @@ from helpers import SHARED_DATA
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request
+from trtserve.harness.demo import REFERENCE_SPEARMAN, embed_stream, read_stsb, spearman_of_cosines
+from trtserve.testing.models import config_text, mean_over_sequence, write_model
 from trtserve.tools.check import check_model
-from trtserve.tools.demo import REFERENCE_SPEARMAN, embed_stream, read_stsb, spearman_of_cosines
-from trtserve.tools.testmodels import config_text, mean_over_sequence, write_model
 
 
 def text(*values: bytes) -> dict[str, np.ndarray]:

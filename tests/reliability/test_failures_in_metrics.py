@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from harness import (
+from casekit import (
     EXPIRED_IN_QUEUE,
     error_code,
     gate_batches,
@@ -59,7 +59,7 @@ from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request
 from trtserve.engine.metrics import REFUSALS
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 MODELS = ("identity_fp32", "py", "q2")
 HELD_ID = 99.0  # the q2 row that holds its only slot (the gate model) while the others arrive

@@ -1,7 +1,7 @@
 """Fault injection (issue 10, part 3): engines that fail, hang or answer wrongly, clients that
 vanish mid-stream, and a server killed mid-stream.
 
-The engine is the probe Python model (``harness.PROBE``), which logs every batch it runs and
+The engine is the probe Python model (``casekit.PROBE``), which logs every batch it runs and
 injects one fault on demand. Expectations:
 
 * an engine that raises on a chosen batch: exactly the requests in that batch get INTERNAL,
@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from harness import (
+from casekit import (
     EXPIRED_IN_QUEUE,
     EXPIRED_WHILE_RUNNING,
     deadline_exceeded,
@@ -50,7 +50,7 @@ from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.batching import watchdog
 from trtserve.client import build_request
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 call = timed_call  # (code, response or details, seconds)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from harness import EXPIRED_IN_QUEUE, deadline_exceeded, row, timed_call, with_timeout
+from casekit import EXPIRED_IN_QUEUE, deadline_exceeded, row, timed_call, with_timeout
 
 from trtserve.client import build_request, parse_response
 

@@ -22,7 +22,7 @@ import grpc
 import ml_dtypes
 import numpy as np
 import pytest
-from harness import raw_request, write_identity
+from casekit import raw_request, write_identity
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from harness import error_code, row, wait_for, write_probe
+from casekit import error_code, row, wait_for, write_probe
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request

@@ -40,7 +40,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from harness import error_code, write_identity, write_probe
+from casekit import error_code, write_identity, write_probe
 from hypothesis import HealthCheck, Phase, event, given, seed, settings
 from hypothesis import strategies as st
 

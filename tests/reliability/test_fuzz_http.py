@@ -26,7 +26,7 @@ import struct
 
 import numpy as np
 import pytest
-from harness import write_identity
+from casekit import write_identity
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

@@ -29,12 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from harness import error_code, row, write_probe
+from casekit import error_code, row, write_probe
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 
 def call(stub, request, timeout=30):

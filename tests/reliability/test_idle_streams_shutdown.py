@@ -33,14 +33,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from casekit import error_code, gate_batches, row, wait_for, write_gate
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from harness import error_code, gate_batches, row, wait_for, write_gate
 from prometheus_client.parser import text_string_to_metric_families
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

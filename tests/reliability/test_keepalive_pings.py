@@ -27,7 +27,7 @@ from integration.helpers import write_slow
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.frontend.grpc.server import Keepalive
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 PINGING_CLIENT = [
     ("grpc.keepalive_time_ms", 1000),

@@ -28,12 +28,12 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from harness import rss_bytes
+from casekit import rss_bytes
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client
 from trtserve.errors import InvalidRequest
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 MIB = 1 << 20
 HELLO = "hello world "

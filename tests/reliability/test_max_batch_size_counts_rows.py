@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from harness import write_identity
+from casekit import write_identity
 
 WINDOW = "max_queue_delay_microseconds: 200000"
 

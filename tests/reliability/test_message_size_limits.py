@@ -31,7 +31,7 @@ import pytest
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request
-from trtserve.tools.testmodels import _model, config_text, write_model
+from trtserve.testing.models import _model, config_text, write_model
 
 MIB = 1 << 20
 ROW = 256 * 256

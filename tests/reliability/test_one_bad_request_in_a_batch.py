@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from harness import gate_batches, wait_for, write_gate, write_identity
+from casekit import gate_batches, wait_for, write_gate, write_identity
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request, parse_response

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from harness import write_identity
+from casekit import write_identity
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 CONNECTIONS = 12
 

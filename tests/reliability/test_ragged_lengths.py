@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
-from harness import raw_request, write_identity
+from casekit import raw_request, write_identity
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import grpc
 import numpy as np
-from harness import error_code, stream, write_identity
+from casekit import error_code, stream, write_identity
 
 from trtserve.client import build_request, parse_response
 

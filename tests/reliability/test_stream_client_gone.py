@@ -36,12 +36,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from harness import error_code, gate_batches, row, wait_for, write_gate
+from casekit import error_code, gate_batches, row, wait_for, write_gate
 from prometheus_client.parser import text_string_to_metric_families
 
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
 BACKLOG = 120

@@ -30,7 +30,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from harness import error_code, rss_bytes, wait_for, write_identity
+from casekit import error_code, rss_bytes, wait_for, write_identity
 
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
 from trtserve.client import build_request, parse_response

@@ -29,11 +29,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from harness import rss_bytes
+from casekit import rss_bytes
 
 from trtserve.client import Client
-from trtserve.tools.child_server import ServerProcess
-from trtserve.tools.testmodels import _model, config_text, write_model
+from trtserve.testing import ServerProcess
+from trtserve.testing.models import _model, config_text, write_model
 
 REQUESTS, CONTROL = 1200, 300
 # glibc reads these at start-up (mallopt(3)): allocations above 4 MiB are mmapped and returned on free,
@@ -129,7 +129,7 @@ def test_rss_plateaus_under_variable_shapes_with_the_documented_settings(tmp_pat
 
 
 def test_the_memory_settings_reach_the_sessions_and_bad_values_are_refused(make_server, tmp_path):
-    from harness import write_identity
+    from casekit import write_identity
 
     write_identity(tmp_path, "lean", parameters={"ort_cpu_mem_arena": "false", "ort_mem_pattern": "False"})
     write_identity(tmp_path, "default")

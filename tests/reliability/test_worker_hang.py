@@ -35,11 +35,11 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from harness import EXPIRED_IN_QUEUE, EXPIRED_WHILE_RUNNING, deadline_exceeded, wait_for, with_timeout
+from casekit import EXPIRED_IN_QUEUE, EXPIRED_WHILE_RUNNING, deadline_exceeded, wait_for, with_timeout
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request, parse_response
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 HANGY = """
     import os

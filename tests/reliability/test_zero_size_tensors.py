@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from harness import error_code, raw_request, stream, write_identity
+from casekit import error_code, raw_request, stream, write_identity
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import build_request

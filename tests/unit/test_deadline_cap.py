@@ -7,12 +7,10 @@ import asyncio
 
 import numpy as np
 
-from fakes import FakeBackend, rows
 from trtserve.batching.dispatcher import Dispatcher
-from trtserve.batching.simulator import affine
-from trtserve.clock import FakeClock, settle
 from trtserve.config import BatchingPolicy
 from trtserve.errors import Overloaded
+from trtserve.testing import FakeBackend, FakeClock, affine, rows, settle
 
 LATENCY = affine(0.002, 0.002)  # p(1) = 4 ms, p(4) = 10 ms, p(16) = 34 ms
 TIGHT, LOOSE = 0.020, 1.0

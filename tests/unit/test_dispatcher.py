@@ -8,13 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from fakes import FakeBackend, rows
 from trtserve.batching.dispatcher import Dispatcher
 from trtserve.batching.policy import DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE
 from trtserve.batching.wait import FULL_HORIZON_S
-from trtserve.clock import FakeClock, settle
 from trtserve.config import BatchingPolicy, QueuePolicy, TimeoutAction
 from trtserve.errors import BackendError, QueueFull, RequestTimeout, ShuttingDown
+from trtserve.testing import FakeBackend, FakeClock, rows, settle
 
 
 def make(policy: BatchingPolicy, **backend_kw) -> tuple[FakeClock, FakeBackend, Dispatcher]:

@@ -7,11 +7,10 @@ import math
 
 import pytest
 
-from fakes import FakeBackend, rows
 from trtserve.batching.dispatcher import Dispatcher
-from trtserve.clock import FakeClock, settle
 from trtserve.config import BatchingPolicy
 from trtserve.errors import DeadlineUnmeetable, Overloaded
+from trtserve.testing import FakeBackend, FakeClock, rows, settle
 
 
 async def learned(slots: int = 1) -> tuple[FakeClock, FakeBackend, Dispatcher]:

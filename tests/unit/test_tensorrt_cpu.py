@@ -375,10 +375,10 @@ def _write_model(root: Path, name: str, config: str, files: dict[str, bytes]) ->
 def test_a_plan_model_is_not_ready_with_the_reason_while_others_serve(tmp_path, engines):
     from trtserve import runtimes
     from trtserve.clock import MonotonicClock
-    from trtserve.engine.local import local_model
     from trtserve.engine.registry import ModelRegistry
     from trtserve.ipc.engine import ModelState
     from trtserve.repository import load_spec
+    from trtserve.serving.inprocess import local_model
 
     onnx = (engines / "tiny" / "1" / "model.onnx").read_bytes()
     tiny_config = (engines / "tiny" / "config.pbtxt").read_text()

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from fakes import FakeBackend
 from trtserve._proto.inference import model_config_pb2 as mc
 from trtserve.batching.policy import knee
-from trtserve.clock import FakeClock
 from trtserve.config import BatchingPolicy
 from trtserve.datatypes import DATATYPES
 from trtserve.engine.model import EngineModel
 from trtserve.engine.warmup import CHOICE_FLOOR, SEARCH_CEILING
 from trtserve.spec import ModelSpec, TensorSpec
+from trtserve.testing import FakeBackend, FakeClock
 
 FP32 = DATATYPES["FP32"]
 

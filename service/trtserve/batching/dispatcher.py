@@ -61,7 +61,7 @@ class Dispatcher:
     Args:
         backend: the engine.
         policy: the model's batching policy.
-        clock: time source (a :class:`~trtserve.clock.FakeClock` in tests).
+        clock: time source (a :class:`~trtserve.testing.FakeClock` in tests).
         latency: predicted run times; learned from every batch run here.
         stats: counters for metrics and ModelStatistics.
         host: per-batch host CPU and the loop thread's busy share. By default it reads

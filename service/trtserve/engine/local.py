@@ -12,18 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from concurrent.futures import Executor
 from typing import TYPE_CHECKING, TypeVar
 
 from trtserve.datatypes import Tensors
 from trtserve.engine.model import EngineModel
-from trtserve.engine.registry import ModelRegistry
 from trtserve.errors import BackendError, RequestTimeout, TrtServeError
 from trtserve.ipc.admission import Ask, shed
 from trtserve.ipc.engine import Engine, ModelInfo
 from trtserve.ipc.messages import Outcome
 from trtserve.ipc.queries import EngineQuery
-from trtserve.pipeline import FrontendModel
 
 if TYPE_CHECKING:
     from trtserve.engine.core import EngineCore
@@ -103,13 +100,5 @@ class LocalEngine(Engine):
         """Nothing to close: the engine core is this process's."""
 
 
-def local_model(registry: ModelRegistry, name: str, pool: Executor) -> FrontendModel:
-    """Model ``name`` of a loaded ``registry`` with its handler, served in process.
 
-    Raises:
-        ModelNotFound, ModelNotReady: see :meth:`~trtserve.engine.registry.ModelRegistry.get`.
-    """
-    return FrontendModel(registry.get(name).spec, LocalEngine(registry.get), pool=pool)
-
-
-__all__ = ["LocalEngine", "local_model"]
+__all__ = ["LocalEngine"]

@@ -1,7 +1,7 @@
 """One model inside the engine core: its runtime and its batching dispatcher.
 
 The engine core runs engine rows; the handler's pre/post-processing and everything per
-request run in the front ends (:mod:`trtserve.pipeline`).
+request run in the front ends (:mod:`trtserve.frontend.pipeline`).
 """
 
 from __future__ import annotations

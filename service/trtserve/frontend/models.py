@@ -1,4 +1,4 @@
-"""The models one front end serves: a :class:`~trtserve.pipeline.FrontendModel` (its
+"""The models one front end serves: a :class:`~trtserve.frontend.pipeline.FrontendModel` (its
 handler loaded) per served version, following the engine core's model table.
 
 The engine core sends a new table whenever a model is loaded, reloaded or unloaded
@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
 from trtserve.errors import ModelNotFound, ModelNotReady
+from trtserve.frontend.pipeline import FrontendModel
 from trtserve.ipc.engine import Engine, ModelInfo
 from trtserve.ipc.messages import ModelState
-from trtserve.pipeline import FrontendModel
 
 log = logging.getLogger(__name__)
 

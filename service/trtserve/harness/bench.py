@@ -162,7 +162,7 @@ from trtserve.harness.benchlib.sweeps import (
     refusal_points,
 )
 from trtserve.harness.benchlib.workload import CORPUS, Workload, build_workload, load_texts
-from trtserve.tools.child_server import ChildServer, ServerProcess
+from trtserve.testing import ChildServer, ServerProcess
 
 LEARNED_CAP_ROWS = 64
 """Where a model's config leaves ``max_batch_size`` to the server (which then learns the batch cap

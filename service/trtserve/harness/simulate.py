@@ -1,6 +1,6 @@
 """``trtserve simulate``: compare dispatch policies on the same arrival trace.
 
-Drives the real dispatcher on a fake clock (:mod:`trtserve.batching.simulator`) with an engine
+Drives the real dispatcher on a fake clock (:mod:`trtserve.harness.simulator`) with an engine
 whose batch of b rows takes ``fixed + per_row·b`` milliseconds, optionally on a host that
 costs CPU per request read and per batch run (``--host-per-request-us``, ``--host-per-batch-us``),
 and prints the fixed-timer policies (queue delay 0.5, 2 and 10 ms) next to the adaptive one on
@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trtserve.batching.simulator import HostCost, SimResult, affine, bursty_trace, poisson_trace, simulate
 from trtserve.config import BatchingPolicy
+from trtserve.harness.simulator import SimResult, bursty_trace, poisson_trace, simulate
+from trtserve.testing import HostCost, affine
 
 OVERLOAD_LOADS = (0.5, 1.0, 2.0, 3.0)
 OVERLOAD_GOODPUT_SHARE = 0.8  # goodput at 2x and 3x, at least this share of the peak

@@ -45,7 +45,7 @@ import numpy as np
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import Client, build_request, parse_response
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 PROBES = ["A man is playing a guitar.", "Two dogs run across a snowy field.", "The stock market fell sharply today."]
 EXPECTED_ERRORS = {"INVALID_ARGUMENT", "NOT_FOUND"}  # of the malformed worker

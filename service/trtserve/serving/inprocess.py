@@ -1,4 +1,5 @@
-"""``trtserve serve --frontends 1``: the engine core and one front end in one process."""
+"""``trtserve serve --frontends 1``: the engine core and one front end in one process; and one
+model served in process without a server (:func:`local_model`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import logging
 import os
 import signal
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from trtserve.serving.ports import PortClaim
 from trtserve.serving.settings import ServeConfig, announcer, log_ping_policy
+
+if TYPE_CHECKING:
+    from trtserve.engine.registry import ModelRegistry
+    from trtserve.frontend.pipeline import FrontendModel
 
 log = logging.getLogger("trtserve")
 
@@ -83,3 +89,17 @@ async def serve_in_process(config: ServeConfig) -> int:
         claim.release()
     log.info("stopped")
     return 0
+
+
+def local_model(registry: ModelRegistry, name: str, pool: Executor) -> FrontendModel:
+    """Model ``name`` of a loaded ``registry`` with its handler, served in process: the front
+    end's :class:`~trtserve.frontend.pipeline.FrontendModel` over a
+    :class:`~trtserve.engine.local.LocalEngine` (the Ray bulk actors run a model this way).
+
+    Raises:
+        ModelNotFound, ModelNotReady: see :meth:`~trtserve.engine.registry.ModelRegistry.get`.
+    """
+    from trtserve.engine.local import LocalEngine
+    from trtserve.frontend.pipeline import FrontendModel
+
+    return FrontendModel(registry.get(name).spec, LocalEngine(registry.get), pool=pool)

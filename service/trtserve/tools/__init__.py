@@ -1,5 +1,5 @@
-"""The tools around the server: one module per ``trtserve`` subcommand (build, demo, check,
-profile, policy, bulk), and the parts they share.
+"""The tools around the server: one module per ``trtserve`` subcommand (build, check, profile,
+policy, bulk), and the parts they share.
 
 A tool that cannot do its job (no such repository or model, a model that does not load)
 raises :class:`ToolError`; its ``run`` prints the message as one line on stderr and exits 2,

@@ -91,7 +91,7 @@ async def check_model(root: Path, name: str, *, samples: int = 32, atol: float =
     from trtserve.clock import MonotonicClock
     from trtserve.engine.local import LocalEngine
     from trtserve.engine.model import EngineModel
-    from trtserve.pipeline import FrontendModel
+    from trtserve.frontend.pipeline import FrontendModel
     from trtserve.repository import load_spec
 
     directory = model_dir(root, name)

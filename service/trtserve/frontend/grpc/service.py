@@ -1,6 +1,6 @@
 """``inference.GRPCInferenceService`` in a front end (``grpc.aio``).
 
-An adapter: protobuf in → codec → :class:`~trtserve.pipeline.FrontendModel` (handler,
+An adapter: protobuf in → codec → :class:`~trtserve.frontend.pipeline.FrontendModel` (handler,
 then the engine core) → codec → protobuf out. Errors from the layers below are mapped to gRPC
 status codes once (:mod:`trtserve.frontend.grpc.status`). Whole-server answers (ServerReady,
 ModelReady, ModelStatistics, RepositoryIndex) come from the engine core, so every front end

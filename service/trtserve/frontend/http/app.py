@@ -45,10 +45,10 @@ from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.errors import InvalidRequest, TrtServeError
 from trtserve.frontend.http.openai import PREFIX, OpenAIRoutes, error_body
 from trtserve.frontend.inflight import GRACE_EXPIRED
+from trtserve.frontend.pipeline import FrontendModel
 from trtserve.frontend.state import FrontendState
 from trtserve.frontend.status import status_name
 from trtserve.ipc.queries import Load, ModelReady, RepositoryIndex, ServerReady, Statistics, Unload
-from trtserve.pipeline import FrontendModel
 from trtserve.protocol import rest
 
 EXTENSIONS = ["model_configuration", "parameters", "schedule_policy", "statistics", "binary_tensor_data"]

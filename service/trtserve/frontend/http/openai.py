@@ -30,8 +30,8 @@ import orjson
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.errors import ModelNotFound
+from trtserve.frontend.pipeline import FrontendModel
 from trtserve.frontend.state import FrontendState
-from trtserve.pipeline import FrontendModel
 from trtserve.protocol import openai, rest
 
 PREFIX = "/v1/"

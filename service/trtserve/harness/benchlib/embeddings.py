@@ -38,7 +38,7 @@ import orjson
 
 from trtserve.harness.benchlib.proctree import tree_cpu_seconds
 from trtserve.harness.benchlib.report import SERVER, Target, fmt, percentiles_ms
-from trtserve.tools.child_server import ServerProcess
+from trtserve.testing import ServerProcess
 
 EMBEDDINGS_MODE = "embeddings"
 """The ``--modes`` item of this comparison."""

@@ -28,7 +28,7 @@ from trtserve.harness.benchlib.embeddings import EMBEDDINGS_MODEL, EmbeddingPoin
 from trtserve.harness.benchlib.peer import PeerSetupError, ensure_venv
 from trtserve.harness.benchlib.proctree import tree_cpu_seconds
 from trtserve.spec import ModelSpec
-from trtserve.tools.child_server import ChildServer
+from trtserve.testing import ChildServer
 
 NAME = "infinity"
 REQUIREMENTS = ("torch==2.13.0", "infinity-emb[server,torch]==0.0.78")

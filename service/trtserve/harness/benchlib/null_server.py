@@ -23,7 +23,7 @@ So the figures are what grpcio and uvicorn themselves cost per call on this mach
 parse of the request and no model: trtserve's server CPU per call divided by the floor's is
 the share its own code adds (:mod:`.floor` sets its targets in that ratio). Prints
 ``HTTP on 127.0.0.1:PORT`` and then ``listening on 127.0.0.1:PORT`` (the lines
-:class:`~trtserve.tools.child_server.ChildServer` reads); stops on SIGTERM or SIGINT.
+:class:`~trtserve.testing.child_server.ChildServer` reads); stops on SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import orjson
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.client import CHANNEL_OPTIONS
 from trtserve.frontend.http.server import listening_socket, serve_asgi
-from trtserve.tools.child_server import ChildServer
+from trtserve.testing import ChildServer
 
 HOST = "127.0.0.1"
 SERVICE = "inference.GRPCInferenceService"

@@ -3,7 +3,7 @@ model files, set up in a virtual environment of its own under the bench's output
 
 The environment is created once (``python -m venv``, then ``pip install``) and reused while
 its package list is unchanged; the server itself is :mod:`.pytriton_server`, started as a
-:class:`~trtserve.tools.child_server.ChildServer` so that tritonserver and its Python workers
+:class:`~trtserve.testing.child_server.ChildServer` so that tritonserver and its Python workers
 go with it.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import trtserve
 from trtserve.spec import ModelSpec
-from trtserve.tools.child_server import ChildServer
+from trtserve.testing import ChildServer
 
 PEERS = ("triton", "infinity")
 """Peers ``trtserve bench --peer`` knows: ``triton`` here, ``infinity`` in :mod:`.infinity`."""

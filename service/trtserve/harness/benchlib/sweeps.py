@@ -33,7 +33,7 @@ from trtserve.harness.benchlib.protocols import HTTP
 from trtserve.harness.benchlib.refusals import ANSWERED, LOOP_MODES, REFUSED
 from trtserve.harness.benchlib.report import SERVER, Measurement, Point, RawReference, format_row, summarize
 from trtserve.harness.benchlib.workload import Workload, poisson_arrivals
-from trtserve.tools.child_server import ChildServer
+from trtserve.testing import ChildServer
 
 SETTLE_S = 0.2
 """Pause between points (seconds) so that one point's tail does not run into the next."""

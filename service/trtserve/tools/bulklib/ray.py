@@ -79,8 +79,8 @@ class TrtserveModel:
                  id_column: str = "id", intra_op_threads: int = 0, cpu_workers: int = 2) -> None:
         from trtserve import runtimes
         from trtserve.clock import MonotonicClock
-        from trtserve.engine.local import local_model
         from trtserve.engine.registry import ModelRegistry
+        from trtserve.serving.inprocess import local_model
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="trtserve-loop", daemon=True)

@@ -17,7 +17,6 @@ import asyncio
 import numpy as np
 import pytest
 
-from trtserve.batching.simulator import HostCost, affine, poisson_trace, simulate
 from trtserve.config import BatchingPolicy
 from trtserve.harness.simulate import (
     LOOSE_MISS,
@@ -25,11 +24,14 @@ from trtserve.harness.simulate import (
     TIE,
     TIGHT_MISS,
     capacity,
+    compare,
     mixed,
     overload,
     overload_peak,
     tight_deadline,
 )
+from trtserve.harness.simulator import bursty_trace, poisson_trace, simulate
+from trtserve.testing import HostCost, affine
 
 TINY = dict(latency=affine(20e-6, 0.5e-6), host=HostCost(per_request=10e-6, per_batch=150e-6), max_batch_size=64)
 MINILM = dict(latency=affine(3e-3, 5.5e-3), host=HostCost(per_request=100e-6, per_batch=300e-6), max_batch_size=16)
@@ -104,3 +106,37 @@ def test_overload_goodput_holds_when_run_times_vary():
         for load in (1.0, 3.0)
     }
     assert goodput[3.0] >= OVERLOAD_GOODPUT_SHARE * goodput[1.0]
+
+
+def test_simulation_adaptive_meets_deadlines_and_beats_every_fixed_timer_at_80_percent():
+    results = compare(fixed=0.002, per_row=0.0001, max_batch_size=16, deadline=0.010, loads=[0.8],
+                      timers=[0.0005, 0.002, 0.010], duration=0.6)[0.8]
+    adaptive = results.pop("adaptive")
+    assert adaptive.miss_rate <= 0.01
+    assert adaptive.goodput >= max(r.goodput for r in results.values())
+    assert adaptive.ran_after_deadline == 0 and adaptive.late_engine_seconds == 0
+
+
+def test_simulation_fixed_timers_do_wait_so_the_comparison_means_something():
+    """At 20 % load a 10 ms timer waits (larger batches, later answers) and the adaptive policy
+    does not: the safety margin must not forbid every wait on a 10 ms deadline."""
+    results = compare(fixed=0.002, per_row=0.0001, max_batch_size=16, deadline=0.010, loads=[0.2],
+                      timers=[0.010], duration=0.6)[0.2]
+    timer, adaptive = results["fixed 10 ms"], results["adaptive"]
+    assert timer.mean_batch > 1.5 * adaptive.mean_batch
+    assert timer.p50_ms > adaptive.p50_ms + 1.0
+    assert timer.late_engine_seconds == adaptive.late_engine_seconds == 0
+
+
+def test_bursty_trace_keeps_the_mean_rate_inside_the_bursts():
+    t = bursty_trace(1000.0, 4.0, period=0.1, duty=0.25, seed=3)
+    assert len(t) == pytest.approx(4000, rel=0.05)
+    assert np.all((t % 0.1) < 0.025 + 1e-12) and np.all(np.diff(t) >= 0)
+
+
+def test_simulation_at_5_percent_load_never_waits():
+    latency = affine(0.002, 0.0001)
+    trace = poisson_trace(0.05 * 8 / latency(8), 4.0, seed=1)
+    result = asyncio.run(simulate(BatchingPolicy(max_batch_size=8), trace, deadline=0.010, latency=latency))
+    assert result.p50_ms == pytest.approx(latency(1) * 1e3)
+    assert result.miss_rate == 0 and result.ran_after_deadline == 0

@@ -1,21 +1,23 @@
 """Discrete-event simulation of the real dispatcher on a fake clock (``trtserve simulate``).
 
 The real :class:`~trtserve.batching.dispatcher.Dispatcher` runs unchanged; only time, the
-engine and the host are simulated. :class:`SimEngine` takes ``latency(rows)`` seconds of fake
-time per batch (e.g. a + b·rows, measured or given); arrivals follow a Poisson or bursty
-trace, each request one row with its own deadline. Every policy sees the same trace, so the
-comparison is exact and repeatable: goodput (answers within their deadline per second),
-deadline-miss rate (also per deadline budget), engine time spent on rows that finished after
-their deadline (trtserve must spend none), mean batch size and latency percentiles.
+engine and the host are simulated, by the doubles of :mod:`trtserve.testing`.
+:class:`~trtserve.testing.FakeBackend` takes ``latency(rows)`` seconds of fake time per batch
+(e.g. a + b·rows, measured or given); arrivals follow a Poisson or bursty trace, each request
+one row with its own deadline. Every policy sees the same trace, so the comparison is exact
+and repeatable: goodput (answers within their deadline per second), deadline-miss rate (also
+per deadline budget), engine time spent on rows that finished after their deadline (trtserve
+must spend none), mean batch size and latency percentiles.
 
-**Host cost** (:class:`SimHost`): one shared host thread, as the event loop is in the server.
-It reads the requests one at a time, in arrival order (``per_request`` seconds each before
-the dispatcher sees it), and does each batch's per-batch work (``per_batch`` seconds) as soon
-as the read in progress ends, before the batch's engine run starts and before the next read.
-The dispatcher's :class:`~trtserve.batching.host.HostMeter` reads the host's busy time as its
-CPU counter, so the policy learns the host cost as it does in the server. A request whose
-deadline has passed before the host reaches it is dropped unread (a gRPC call past its deadline
-is cancelled); no other shedding happens in front of the dispatcher.
+**Host cost** (:class:`~trtserve.testing.FakeHost`): one shared host thread, as the event
+loop is in the server. It reads the requests one at a time, in arrival order (``per_request``
+seconds each before the dispatcher sees it), and does each batch's per-batch work
+(``per_batch`` seconds) as soon as the read in progress ends, before the batch's engine run
+starts and before the next read. The dispatcher's :class:`~trtserve.batching.host.HostMeter`
+reads the host's busy time as its CPU counter, so the policy learns the host cost as it does
+in the server. A request whose deadline has passed before the host reaches it is dropped
+unread (a gRPC call past its deadline is cancelled); no other shedding happens in front of the
+dispatcher.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,118 +33,9 @@ import numpy as np
 from trtserve.batching.dispatcher import Dispatcher
 from trtserve.batching.host import HostMeter
 from trtserve.batching.latency import LatencyModel
-from trtserve.clock import FakeClock, settle
 from trtserve.config import BatchingPolicy
-from trtserve.datatypes import DATATYPES, Tensors
-from trtserve.errors import BackendError, TrtServeError
-from trtserve.runtimes.base import Batch, StagingBuffers, pack
-from trtserve.spec import TensorSpec
-
-
-@dataclass(frozen=True)
-class HostCost:
-    """Host CPU seconds per request read and per batch run (see the module docstring)."""
-
-    per_request: float = 0.0
-    per_batch: float = 0.0
-
-
-class SimHost:
-    """One host thread in fake time, serving its work first come first served.
-
-    ``busy`` is the CPU seconds charged so far, backlog included (the dispatcher's CPU counter).
-    """
-
-    def __init__(self, clock: FakeClock, cost: HostCost) -> None:
-        self.clock = clock
-        self.cost = cost
-        self.busy = 0.0
-        self.free_at = -math.inf
-
-    def cpu(self) -> float:
-        """CPU seconds charged so far (the dispatcher's :class:`~trtserve.batching.host.HostMeter` counter)."""
-        return self.busy
-
-    def start_of(self, seconds: float) -> float:
-        """When work of ``seconds`` asked for now would start (after the work queued before it)."""
-        return max(self.clock.now(), self.free_at)
-
-    def charge(self, seconds: float) -> float:
-        """Queue ``seconds`` of work now; returns when it is done."""
-        self.free_at = self.start_of(seconds) + seconds
-        self.busy += seconds
-        return self.free_at
-
-
-class SimEngine:
-    """An engine whose batch of b rows takes ``latency(b)`` seconds of fake time.
-
-    Input ``x`` FP32 [-1] → output ``y`` = 2·x. ``batches`` records every batch with the
-    fake time its engine run started, in start order. ``fail_when(batch)`` returning True makes
-    that batch raise :class:`~trtserve.errors.BackendError` (fault injection). With a ``host``,
-    each batch first queues its per-batch host work there, charged when the dispatcher calls
-    :meth:`run` (inside the dispatcher's per-batch code, where the server's CPU goes).
-    """
-
-    def __init__(
-        self,
-        clock: FakeClock,
-        *,
-        slots: int = 1,
-        latency: Callable[[int], float] = lambda rows: 0.010,
-        fail_when: Callable[[Batch], bool] = lambda batch: False,
-        host: SimHost | None = None,
-    ) -> None:
-        self.clock = clock
-        self.host = host
-        self.slots = slots
-        self.latency = latency
-        self.fail_when = fail_when
-        fp32 = DATATYPES["FP32"]
-        self.inputs = (TensorSpec("x", fp32, (-1,)),)
-        self.outputs = (TensorSpec("y", fp32, (-1,)),)
-        self.batches: list[tuple[float, Batch]] = []
-        self.running = 0
-        self.max_running = 0
-
-    def prepare(self, segment: Tensors) -> Tensors:
-        """The segment unchanged (the simulated engine takes FP32 as given)."""
-        return segment
-
-    def run(self, slot: int, batch: Batch) -> Awaitable[Tensors]:
-        """Start ``batch`` (after its per-batch host work, with a host); the awaitable gives
-        ``{"y": 2·x}`` after ``latency(rows)`` seconds of fake time, or raises
-        :class:`~trtserve.errors.BackendError` where ``fail_when`` says so."""
-        start = self.host.charge(self.host.cost.per_batch) if self.host else self.clock.now()
-        return self._run(batch, start)
-
-    async def _run(self, batch: Batch, start: float) -> Tensors:
-        self.batches.append((start, batch))
-        self.running += 1
-        self.max_running = max(self.max_running, self.running)
-        try:
-            await self.clock.sleep_until(start + self.latency(batch.rows))
-            if self.fail_when(batch):
-                raise BackendError("scripted failure")
-            return {"y": pack(batch, self.inputs, StagingBuffers(), -1.0)["x"] * 2}
-        finally:
-            self.running -= 1
-
-    async def aclose(self) -> None:
-        """Nothing to release."""
-
-    def sizes(self) -> list[int]:
-        """Rows of each batch started so far."""
-        return [b.rows for _, b in self.batches]
-
-    def ids(self) -> list[list[float]]:
-        """The first element of each row of each batch (callers put a request id there)."""
-        return [[float(p["x"][r, 0]) for p in b.parts for r in range(len(p["x"]))] for _, b in self.batches]
-
-
-def affine(fixed: float, per_row: float) -> Callable[[int], float]:
-    """Run time ``fixed + per_row * rows`` seconds."""
-    return lambda rows: fixed + per_row * rows
+from trtserve.errors import TrtServeError
+from trtserve.testing import FakeBackend, FakeClock, FakeHost, HostCost, settle
 
 
 def poisson_trace(rate: float, duration: float, seed: int = 0) -> np.ndarray:
@@ -213,8 +106,8 @@ async def simulate(
     per-batch cost: the server measures the run as the dispatcher waits for it).
     """
     clock = FakeClock(0.0)
-    sim_host = SimHost(clock, host) if host else None
-    engine = SimEngine(clock, slots=slots, latency=latency, host=sim_host)
+    sim_host = FakeHost(clock, host) if host else None
+    engine = FakeBackend(clock, slots=slots, latency=latency, host=sim_host)
     model = LatencyModel()
     size = 1
     while size <= policy.rows_per_batch:

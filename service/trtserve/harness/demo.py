@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     quiet = not sys.stderr.isatty()  # no progress bars in a log file
 
     from trtserve.client import Client
-    from trtserve.tools.child_server import ServerProcess
+    from trtserve.testing import ServerProcess
 
     data: Path = args.data
     corpus_path = args.corpus or data / "corpus" / "multi30k_en_captions.jsonl.gz"

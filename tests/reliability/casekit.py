@@ -1,11 +1,12 @@
-"""Models, requests and probes shared by the reliability tests (issue 10, ``../shared/cases.md``).
+"""The failure-case tests' kit: models, requests and probes shared by the reliability tests
+(issue 10, ``../shared/cases.md``).
 
 Every test runs a real server (``make_server`` for an in-process ``ServerThread``, or a
 ``ServerProcess`` child where it needs signals or its own RSS) over a temporary repository
 written here:
 
 * :func:`write_identity`: an ONNX Runtime identity of any datatype and dims (``identity_fp32``,
-  ``seq_int64``, FP16, BYTES echo ...), from :func:`trtserve.tools.testmodels.identity`.
+  ``seq_int64``, FP16, BYTES echo ...), from :func:`trtserve.testing.models.identity`.
 * :func:`write_probe`: a Python model (platform ``python``) like ``engines/slow`` — each batch
   sleeps ``batch_ms + row_ms * rows`` — that also logs every batch it runs (start, end, the
   first value of each row, which the tests use as the request id) and injects faults on
@@ -25,7 +26,7 @@ import numpy as np
 
 from integration.helpers import scrape
 from trtserve._proto.inference import grpc_service_pb2 as pb
-from trtserve.tools.testmodels import config_text, identity, write_model
+from trtserve.testing.models import config_text, identity, write_model
 
 # The probe model. Rows are identified by their first value (tests send ids >= 1; the
 # warm-up batches are all zeros). ``log`` holds one (start, end, ids) per batch that is not
