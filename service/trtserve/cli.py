@@ -27,6 +27,7 @@ log = logging.getLogger("trtserve")
 
 ENV_PREFIX = "TRTSERVE_"
 DEFAULT_HTTP_PORT = 8000
+DEFAULT_METRICS_PORT = 8002
 _KEEPALIVE = Keepalive()
 KEEPALIVE_FLAGS = (
     # flag, default, meaning: one per Keepalive field, in its order
@@ -119,11 +120,12 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
     serve.add_argument("--port", type=int, default=8001, help="gRPC port (default: 8001; 0 picks a free one)")
-    serve.add_argument("--allow-http", type=_boolean, default=False, metavar="true|false",
-                       help="also serve the KServe v2 REST API (HTTP/1.1, JSON and the binary tensor extension) on "
-                            "--http-port, over the same models, gate and drain (default: false)")
+    serve.add_argument("--allow-http", type=_boolean, default=True, metavar="true|false",
+                       help="also serve the KServe v2 REST API (HTTP/1.1, JSON and the binary tensor extension) and "
+                            "OpenAI /v1/embeddings on --http-port, over the same models, gate and drain "
+                            "(default: true, as Triton)")
     serve.add_argument("--http-port", type=int, default=None,
-                       help="HTTP port with --allow-http true (default: 8000; 0 picks a free one)")
+                       help=f"HTTP port (default: {DEFAULT_HTTP_PORT}; 0 picks a free one)")
     serve.add_argument("--frontends", default="auto",
                        help="gRPC front-end processes sharing the port (SO_REUSEPORT; each client connection "
                             "stays with one); 'auto': one per two cores, 1..8 (default: auto)")
@@ -159,7 +161,10 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--max-request-elements", type=int, default=0,
                        help="most tensor elements one request may declare over its inputs, checked before any "
                             "allocation (default: 0, as many as --max-message-bytes)")
-    serve.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics HTTP port (default: 0, off)")
+    serve.add_argument("--allow-metrics", type=_boolean, default=True, metavar="true|false",
+                       help="serve Prometheus /metrics on --metrics-port (default: true, as Triton)")
+    serve.add_argument("--metrics-port", type=int, default=None,
+                       help=f"Prometheus /metrics HTTP port (default: {DEFAULT_METRICS_PORT}; 0 picks a free one)")
     serve.add_argument("--metrics-host", default="127.0.0.1",
                        help="address of the metrics endpoint (default: 127.0.0.1)")
     serve.add_argument("--tls-cert", type=Path,
@@ -245,12 +250,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)
         return 2
-    if args.http_port is not None and not args.allow_http:
-        print(f"trtserve serve: --http-port {args.http_port} needs --allow-http true (the HTTP door is off)",
-              file=sys.stderr)
-        return 2
+    for flag, value, door in (("--http-port", args.http_port, "--allow-http"),
+                              ("--metrics-port", args.metrics_port, "--allow-metrics")):
+        if value is not None and not getattr(args, door.lstrip("-").replace("-", "_")):
+            print(f"trtserve serve: {flag} {value} needs {door} true ({door} false turns that door off)",
+                  file=sys.stderr)
+            return 2
     http_port = DEFAULT_HTTP_PORT if args.http_port is None else args.http_port
-    for flag, value in (("--port", args.port), ("--http-port", http_port)):
+    metrics_port = DEFAULT_METRICS_PORT if args.metrics_port is None else args.metrics_port
+    for flag, value in (("--port", args.port), ("--http-port", http_port), ("--metrics-port", metrics_port)):
         if not 0 <= value <= 65535:
             print(f"trtserve serve: {flag} must be in 0..65535 (0: a free one), got {value}", file=sys.stderr)
             return 2
@@ -305,7 +313,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         intra_op_threads=args.intra_op_threads,
         compute_nice=args.compute_nice,
         metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port or None,
+        metrics_port=metrics_port if args.allow_metrics else None,
         log_level=args.log_level,
         log_format=args.log_format,
         log_requests=args.log_requests,
