@@ -20,6 +20,7 @@ from trtserve.client import AUTH_TOKEN_ENV, read_token_file
 from trtserve.engine.lifecycle import DEFAULT_POLL_SECS, ControlMode, LifecycleConfig
 from trtserve.frontend.grpc.server import Keepalive
 from trtserve.frontend.grpc.service import DEFAULT_STREAM_INFLIGHT
+from trtserve.frontend.http.protocol import HttpLimits
 from trtserve.frontend.state import DEFAULT_MAX_MESSAGE_BYTES
 from trtserve.runtimes.threads import DEFAULT_COMPUTE_NICE, MAX_NICE
 
@@ -43,6 +44,21 @@ KEEPALIVE_FLAGS = (
      "(gRPC's own default is 300000, which ends calls of clients that ping every 10 s)"),
     ("--grpc-http2-max-ping-strikes", _KEEPALIVE.max_ping_strikes,
      "strikes before the server ends the connection with GOAWAY 'too many pings' (0: never)"),
+)
+_HTTP_LIMITS = HttpLimits()
+HTTP_LIMIT_FLAGS = (
+    # flag, HttpLimits field, type, meaning: what the HTTP door holds each client to
+    ("--http-header-timeout", "header_timeout", float,
+     "seconds from a request's first byte to the end of its headers; slower: 408 and the connection closed"),
+    ("--http-body-timeout", "body_timeout", float,
+     "seconds a request body may take before --http-body-min-rate applies; slower: 408 and the connection closed"),
+    ("--http-body-min-rate", "body_min_rate", int,
+     "bytes per second a body must average after --http-body-timeout (0: the whole body within it)"),
+    ("--http-max-header-bytes", "max_header_bytes", int,
+     "largest request line and headers in bytes; larger: 431 and the connection closed"),
+    ("--http-max-headers", "max_headers", int, "most header lines in a request; more: 431 and the connection closed"),
+    ("--http-keepalive-timeout", "keepalive_timeout", float,
+     "seconds an HTTP connection may stay idle, before its first request or between requests, before it is closed"),
 )
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
@@ -182,6 +198,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         kind = _boolean if isinstance(default, bool) else int
         keepalive.add_argument(flag, type=kind, default=default, metavar="true|false" if kind is _boolean else "N",
                                help=f"{meaning} (default: {str(default).lower()})")
+    http_limits = serve.add_argument_group("HTTP door limits (every resource a client can hold is bounded)")
+    for flag, name, kind, meaning in HTTP_LIMIT_FLAGS:
+        default = getattr(_HTTP_LIMITS, name)
+        http_limits.add_argument(flag, type=kind, default=default, metavar="N",
+                                 help=f"{meaning} (default: {default:g})")
     serve.add_argument("--model-control-mode", choices=[m.value for m in ControlMode],
                        default=ControlMode.NONE.value,
                        help="none: every model loaded at start, no changes; poll: the repository is rescanned every "
@@ -289,6 +310,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         security = _security(args)
         lifecycle = _lifecycle(args)
         keepalive = _keepalive(args)
+        http_limits = HttpLimits(**{name: getattr(args, flag.lstrip("-").replace("-", "_"))
+                                    for flag, name, _, _ in HTTP_LIMIT_FLAGS})
     except ValueError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)
         return 2
@@ -297,6 +320,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         http_port=http_port if args.allow_http else None,
+        http_limits=http_limits,
         frontends=frontends,
         grace=args.grace_period,
         frontend=dict(

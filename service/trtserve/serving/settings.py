@@ -13,10 +13,13 @@ import os
 import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtserve.engine.lifecycle import LifecycleConfig
 from trtserve.runtimes.threads import DEFAULT_COMPUTE_NICE
+
+if TYPE_CHECKING:  # the engine core's process never loads uvicorn
+    from trtserve.frontend.http.protocol import HttpLimits
 
 log = logging.getLogger("trtserve")
 
@@ -30,6 +33,8 @@ class ServeConfig:
         host, port: where the front ends listen for gRPC (port 0: an ephemeral port).
         http_port: where they listen for HTTP (0: an ephemeral port; None: no HTTP door).
             Triton's ports by default: gRPC 8001, HTTP 8000, metrics 8002.
+        http_limits: the HTTP door's bounds on each connection (None: the defaults of
+            :class:`~trtserve.frontend.http.protocol.HttpLimits`).
         frontends: front-end processes (>= 1).
         grace: seconds to finish admitted work on SIGTERM.
         frontend: keyword arguments of :func:`trtserve.frontend.grpc.server.start_frontend`
@@ -47,6 +52,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8001
     http_port: int | None = 8000
+    http_limits: HttpLimits | None = None
     frontends: int = 1
     grace: float = 30.0
     frontend: dict[str, Any] = field(default_factory=dict)
