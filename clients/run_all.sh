@@ -3,7 +3,7 @@
 #
 #   clients/run_all.sh [node] [cpp] [go]      (default: all three; `make clients-test`)
 #
-# Starts `trtserve serve --port 0` on 127.0.0.1 over engines/ (PYTHON picks the interpreter,
+# Starts `trtserve serve --port 0 --http-port 0 --metrics-port 0` on 127.0.0.1 over engines/ (PYTHON picks the interpreter,
 # default .venv/bin/python), waits for its "listening on" line, runs the Node.js test
 # (node --test), the C++ example and the Go example with the server's address, then stops the
 # server with SIGTERM. With go it also runs the bench load generator's tests (pytest, servers
@@ -16,7 +16,7 @@ CLIENTS=("$@")
 [ ${#CLIENTS[@]} -gt 0 ] || CLIENTS=(node cpp go)
 
 LOG=$(mktemp -t trtserve-clients.XXXXXX.log)
-"$PYTHON" -m trtserve serve --model-repository "$ROOT/engines" --host 127.0.0.1 --port 0 >"$LOG" 2>&1 &
+"$PYTHON" -m trtserve serve --model-repository "$ROOT/engines" --host 127.0.0.1 --port 0 --http-port 0 --metrics-port 0 >"$LOG" 2>&1 &
 SERVER=$!
 stop_server() {
   if kill -0 "$SERVER" 2>/dev/null; then

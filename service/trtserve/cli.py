@@ -21,6 +21,7 @@ from trtserve.client import AUTH_TOKEN_ENV, read_token_file
 from trtserve.engine.lifecycle import DEFAULT_POLL_SECS, ControlMode, LifecycleConfig
 from trtserve.frontend.grpc.server import Keepalive
 from trtserve.frontend.grpc.service import DEFAULT_STREAM_INFLIGHT
+from trtserve.frontend.http.protocol import HttpLimits
 from trtserve.frontend.state import DEFAULT_MAX_MESSAGE_BYTES
 from trtserve.runtimes.threads import DEFAULT_COMPUTE_NICE, MAX_NICE
 
@@ -28,6 +29,7 @@ log = logging.getLogger("trtserve")
 
 ENV_PREFIX = "TRTSERVE_"
 DEFAULT_HTTP_PORT = 8000
+DEFAULT_METRICS_PORT = 8002
 _KEEPALIVE = Keepalive()
 KEEPALIVE_FLAGS = (
     # flag, default, meaning: one per Keepalive field, in its order
@@ -43,6 +45,21 @@ KEEPALIVE_FLAGS = (
      "(gRPC's own default is 300000, which ends calls of clients that ping every 10 s)"),
     ("--grpc-http2-max-ping-strikes", _KEEPALIVE.max_ping_strikes,
      "strikes before the server ends the connection with GOAWAY 'too many pings' (0: never)"),
+)
+_HTTP_LIMITS = HttpLimits()
+HTTP_LIMIT_FLAGS = (
+    # flag, HttpLimits field, type, meaning: what the HTTP door holds each client to
+    ("--http-header-timeout", "header_timeout", float,
+     "seconds from a request's first byte to the end of its headers; slower: 408 and the connection closed"),
+    ("--http-body-timeout", "body_timeout", float,
+     "seconds a request body may take before --http-body-min-rate applies; slower: 408 and the connection closed"),
+    ("--http-body-min-rate", "body_min_rate", int,
+     "bytes per second a body must average after --http-body-timeout (0: the whole body within it)"),
+    ("--http-max-header-bytes", "max_header_bytes", int,
+     "largest request line and headers in bytes; larger: 431 and the connection closed"),
+    ("--http-max-headers", "max_headers", int, "most header lines in a request; more: 431 and the connection closed"),
+    ("--http-keepalive-timeout", "keepalive_timeout", float,
+     "seconds an HTTP connection may stay idle, before its first request or between requests, before it is closed"),
 )
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
@@ -120,11 +137,12 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
     serve.add_argument("--port", type=int, default=8001, help="gRPC port (default: 8001; 0 picks a free one)")
-    serve.add_argument("--allow-http", type=_boolean, default=False, metavar="true|false",
-                       help="also serve the KServe v2 REST API (HTTP/1.1, JSON and the binary tensor extension) on "
-                            "--http-port, over the same models, gate and drain (default: false)")
+    serve.add_argument("--allow-http", type=_boolean, default=True, metavar="true|false",
+                       help="also serve the KServe v2 REST API (HTTP/1.1, JSON and the binary tensor extension) and "
+                            "OpenAI /v1/embeddings on --http-port, over the same models, gate and drain "
+                            "(default: true, as Triton)")
     serve.add_argument("--http-port", type=int, default=None,
-                       help="HTTP port with --allow-http true (default: 8000; 0 picks a free one)")
+                       help=f"HTTP port (default: {DEFAULT_HTTP_PORT}; 0 picks a free one)")
     serve.add_argument("--frontends", default="auto",
                        help="gRPC front-end processes sharing the port (SO_REUSEPORT; each client connection "
                             "stays with one); 'auto': one per two cores, 1..8 (default: auto)")
@@ -160,7 +178,10 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--max-request-elements", type=int, default=0,
                        help="most tensor elements one request may declare over its inputs, checked before any "
                             "allocation (default: 0, as many as --max-message-bytes)")
-    serve.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics HTTP port (default: 0, off)")
+    serve.add_argument("--allow-metrics", type=_boolean, default=True, metavar="true|false",
+                       help="serve Prometheus /metrics on --metrics-port (default: true, as Triton)")
+    serve.add_argument("--metrics-port", type=int, default=None,
+                       help=f"Prometheus /metrics HTTP port (default: {DEFAULT_METRICS_PORT}; 0 picks a free one)")
     serve.add_argument("--metrics-host", default="127.0.0.1",
                        help="address of the metrics endpoint (default: 127.0.0.1)")
     serve.add_argument("--tls-cert", type=Path,
@@ -178,6 +199,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         kind = _boolean if isinstance(default, bool) else int
         keepalive.add_argument(flag, type=kind, default=default, metavar="true|false" if kind is _boolean else "N",
                                help=f"{meaning} (default: {str(default).lower()})")
+    http_limits = serve.add_argument_group("HTTP door limits (every resource a client can hold is bounded)")
+    for flag, name, kind, meaning in HTTP_LIMIT_FLAGS:
+        default = getattr(_HTTP_LIMITS, name)
+        http_limits.add_argument(flag, type=kind, default=default, metavar="N",
+                                 help=f"{meaning} (default: {default:g})")
     serve.add_argument("--model-control-mode", choices=[m.value for m in ControlMode],
                        default=ControlMode.NONE.value,
                        help="none: every model loaded at start, no changes; poll: the repository is rescanned every "
@@ -263,12 +289,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)
         return 2
-    if args.http_port is not None and not args.allow_http:
-        print(f"trtserve serve: --http-port {args.http_port} needs --allow-http true (the HTTP door is off)",
-              file=sys.stderr)
-        return 2
+    for flag, value, door in (("--http-port", args.http_port, "--allow-http"),
+                              ("--metrics-port", args.metrics_port, "--allow-metrics")):
+        if value is not None and not getattr(args, door.lstrip("-").replace("-", "_")):
+            print(f"trtserve serve: {flag} {value} needs {door} true ({door} false turns that door off)",
+                  file=sys.stderr)
+            return 2
     http_port = DEFAULT_HTTP_PORT if args.http_port is None else args.http_port
-    for flag, value in (("--port", args.port), ("--http-port", http_port)):
+    metrics_port = DEFAULT_METRICS_PORT if args.metrics_port is None else args.metrics_port
+    for flag, value in (("--port", args.port), ("--http-port", http_port), ("--metrics-port", metrics_port)):
         if not 0 <= value <= 65535:
             print(f"trtserve serve: {flag} must be in 0..65535 (0: a free one), got {value}", file=sys.stderr)
             return 2
@@ -299,6 +328,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         security = _security(args)
         lifecycle = _lifecycle(args)
         keepalive = _keepalive(args)
+        http_limits = HttpLimits(**{name: getattr(args, flag.lstrip("-").replace("-", "_"))
+                                    for flag, name, _, _ in HTTP_LIMIT_FLAGS})
     except ValueError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)
         return 2
@@ -307,6 +338,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         http_port=http_port if args.allow_http else None,
+        http_limits=http_limits,
         frontends=frontends,
         grace=args.grace_period,
         frontend=dict(
@@ -323,7 +355,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         intra_op_threads=args.intra_op_threads,
         compute_nice=args.compute_nice,
         metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port or None,
+        metrics_port=metrics_port if args.allow_metrics else None,
         log_level=args.log_level,
         log_format=args.log_format,
         log_requests=args.log_requests,

@@ -262,6 +262,34 @@ def test_sigkill_a_server_midway_then_resume_after_a_client_crash(repo, tiny_inp
 
 
 @pytest.mark.timeout(300)
+def test_a_job_whose_only_server_is_gone_reports_it_and_exits_1_after_the_down_timeout(repo, tiny_input, tmp_path):
+    """Issue 37 item 7: the server is SIGKILLed midway; the job says every few seconds which
+    endpoint is down, for how long and how many rows are pending, then, every endpoint down past
+    ``--down-timeout``, commits what was answered and exits 1 naming the re-run (it neither sits
+    silent nor waits for the stall timeout)."""
+    path, _ = tiny_input
+    (server,) = start_servers(repo, 1)
+    out = tmp_path / "out.parquet"
+    try:
+        job = subprocess.Popen(bulk_cmd("--input", path, "--model", "tiny", "--input-column", "x", "--output", out,
+                                        "--endpoint", server.url, "--rows-per-message", "8", "--max-inflight", "2",
+                                        "--flush-rows", "256", "--down-timeout", "3", "--no-progress"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: committed_rows(out) >= 1000 or job.poll() is not None, 120, "1000 committed rows")
+        assert job.poll() is None, "the job finished before the kill"
+        os.kill(server.pid, signal.SIGKILL)
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        server.stop()
+    assert job.returncode == 1, stderr
+    down = [line for line in stderr.splitlines() if f"{server.url} down for" in line and "row(s) pending" in line]
+    assert down, stderr
+    assert "every endpoint has been down for more than 3 s (--down-timeout)" in stderr, stderr
+    assert "re-run the same command to resume" in stderr, stderr
+    assert 1000 <= committed_rows(out) < TINY_ROWS
+
+
+@pytest.mark.timeout(300)
 def test_bad_rows_go_to_the_errors_file_with_the_servers_message(servers, tmp_path):
     # CSV for minilm: two rows are not UTF-8; the file itself is read as bytes
     texts = [r["text"].encode() for r in corpus(30)]

@@ -54,7 +54,7 @@ class Spawned:
 
     def __init__(self, root: Path, *args: str, env: dict[str, str] | None = None) -> None:
         cmd = [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(root),
-               "--host", "127.0.0.1", "--port", "0", *args]
+               "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--metrics-port", "0", *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **(env or {})})
         self.lines: list[str] = []

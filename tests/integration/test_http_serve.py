@@ -1,8 +1,9 @@
-"""``trtserve serve --allow-http true`` as a child process, one front end (in process) and two
+"""``trtserve serve`` (HTTP on by default) as a child process, one front end (in process) and two
 (the process tree): the HTTP door answers ``tritonclient.http`` as the gRPC door answers;
 SIGTERM drains it (a request admitted before the signal is answered 200, new ones are refused
 503, the process exits 0); uvicorn logs in the server's format; an HTTP port without the door, or
-one in use, stops with one sentence (exit 2). HTTPS: ``test_http_tls.py``.
+an HTTP or metrics port in use, stops with one sentence (exit 2); the doors and ports are
+Triton's by default. HTTPS: ``test_http_tls.py``.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def test_http_infer_and_sigterm_drain(repo, frontends):
 def test_an_http_port_without_the_http_door_exits_2_with_one_sentence(repo):
     done = subprocess.run(
         [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--port", "0",
-         "--http-port", "8123"],
+         "--allow-http", "false", "--http-port", "8123"],
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 2, done.stdout + done.stderr
@@ -137,12 +138,48 @@ def test_an_http_port_in_use_exits_2_naming_it(repo):
         port = taken.getsockname()[1]
         done = subprocess.run(
             [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--port", "0",
-             "--allow-http", "true", "--http-port", str(port), "--frontends", "1"],
+             "--allow-http", "true", "--http-port", str(port), "--metrics-port", "0", "--frontends", "1"],
             capture_output=True, text=True, timeout=120,
         )
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"cannot listen on 127.0.0.1:{port} (HTTP)" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_metrics_port_in_use_exits_2_naming_it(repo):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--port", "0",
+             "--http-port", "0", "--metrics-port", str(port), "--frontends", "1"],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    message = done.stderr.strip()
+    assert "\n" not in message and f"cannot listen on 127.0.0.1:{port} (metrics)" in message, message
+
+
+@pytest.mark.parametrize("flags, ports", [
+    ([], (8001, 8000, 8002)),
+    (["--allow-http", "false", "--allow-metrics", "false"], (8001, None, None)),
+    (["--port", "9001", "--http-port", "9000", "--metrics-port", "0"], (9001, 9000, 0)),
+])
+def test_the_doors_and_ports_are_tritons_by_default(repo, monkeypatch, flags, ports):
+    """Triton listens on gRPC 8001, HTTP 8000 and metrics 8002 unless told otherwise, with
+    ``--allow-http`` and ``--allow-metrics`` turning a door off: so does ``trtserve serve``."""
+    from trtserve import cli
+    from trtserve.serving import supervisor
+
+    served = []
+    monkeypatch.setattr(supervisor, "serve", lambda config: served.append(config) or 0)
+    for name in ("TRTSERVE_PORT", "TRTSERVE_HTTP_PORT", "TRTSERVE_METRICS_PORT", "TRTSERVE_ALLOW_HTTP",
+                 "TRTSERVE_ALLOW_METRICS"):
+        monkeypatch.delenv(name, raising=False)
+    assert cli.main(["serve", "--model-repository", str(repo), *flags]) == 0
+    (config,) = served
+    assert (config.port, config.http_port, config.metrics_port) == ports
 
 
 def test_uvicorn_logs_in_the_servers_log_format(repo):

@@ -1,7 +1,7 @@
 """The README's first calls run verbatim: every command of the ``bash`` blocks of its "First
 calls" section against a live ``trtserve serve`` started with the README's own flags
-(``--allow-http true``), only the ports substituted (ephemeral ones for its HTTP 8000 and gRPC
-8001), and its ``python`` blocks too: ``tritonclient.grpc`` (in a process of its own, since
+(Triton's default ports), only the ports made ephemeral (for its HTTP 8000, gRPC 8001 and
+metrics 8002), and its ``python`` blocks too: ``tritonclient.grpc`` (in a process of its own, since
 tritonclient registers the same protobuf symbols as trtserve) and ``openai``; beside them the
 ``tritonclient.http`` example of docs/guide/http.md.
 
@@ -77,8 +77,10 @@ def serve_flags(block: str) -> list[str]:
     words = shlex.split(commands(block)[0], comments=True)
     assert words[0].endswith("trtserve") and words[1] == "serve" and words[-1] == "&", words
     flags = words[2:-1]
-    assert flags[flags.index("--allow-http") + 1] == "true", flags
-    flags[flags.index("--http-port") + 1] = "0"
+    assert "--allow-http" not in flags, f"the README's server serves HTTP by default: {flags}"
+    for port in ("--port", "--http-port", "--metrics-port"):
+        if port in flags:
+            flags[flags.index(port) + 1] = "0"
     repository = flags.index("--model-repository")
     del flags[repository:repository + 2]
     return flags

@@ -184,7 +184,7 @@ def test_token_from_the_environment(tmp_path):
     env.pop("TRTSERVE_AUTH_TOKEN_FILE", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(tmp_path),
-         "--host", "127.0.0.1", "--port", "0"],
+         "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     try:

@@ -49,7 +49,7 @@ def repository(root: Path, model: str) -> Path:
 
 def serve_args(repo: Path, port: int, frontends: int) -> list[str]:
     return [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--host", "127.0.0.1",
-            "--port", str(port), "--frontends", str(frontends)]
+            "--port", str(port), "--frontends", str(frontends), "--http-port", "0", "--metrics-port", "0"]
 
 
 def answered_by(port: int) -> list[str]:

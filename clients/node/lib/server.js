@@ -1,7 +1,7 @@
 'use strict';
 /**
  * The server the tests talk to: TRTSERVE_URL (host:port) when set (clients/run_all.sh sets
- * it), otherwise a `trtserve serve --port 0` child process on 127.0.0.1 started from the
+ * it), otherwise a `trtserve serve --port 0 --http-port 0 --metrics-port 0` child process on 127.0.0.1 started from the
  * repository's .venv (TRTSERVE_PYTHON overrides the interpreter).
  */
 const { spawn } = require('node:child_process');
@@ -12,7 +12,7 @@ const ROOT = path.resolve(__dirname, '..', '..', '..'); // the repository
 async function startServer() {
   if (process.env.TRTSERVE_URL) return { url: process.env.TRTSERVE_URL, stop: async () => {} };
   const python = process.env.TRTSERVE_PYTHON || path.join(ROOT, '.venv', 'bin', 'python');
-  const args = ['-m', 'trtserve', 'serve', '--model-repository', path.join(ROOT, 'engines'), '--host', '127.0.0.1', '--port', '0'];
+  const args = ['-m', 'trtserve', 'serve', '--model-repository', path.join(ROOT, 'engines'), '--host', '127.0.0.1', '--port', '0', '--http-port', '0', '--metrics-port', '0'];
   const child = spawn(python, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   const log = [];
   const url = await new Promise((resolve, reject) => {

@@ -15,6 +15,7 @@ from trtserve.clock import Clock
 from trtserve.frontend.drain import drain
 from trtserve.frontend.grpc.server import start_frontend
 from trtserve.frontend.grpc.service import InferenceService
+from trtserve.frontend.http.protocol import HttpLimits
 from trtserve.frontend.http.server import HttpServer, start_http
 from trtserve.frontend.state import DEFAULT_MAX_MESSAGE_BYTES, FrontendState
 from trtserve.ipc.engine import Engine
@@ -53,7 +54,7 @@ class Doors:
 
 async def open_doors(engine: Engine, clock: Clock, pool: Executor, *, host: str, port: int, http_port: int | None,
                      reuse_port: bool = False, frontends: int = 1, http_socket: socket.socket | None = None,
-                     **options: Any) -> Doors:
+                     http_limits: HttpLimits | None = None, **options: Any) -> Doors:
     """Start the gRPC door on ``host:port`` and, unless ``http_port`` is None, the HTTP door on
     ``host:http_port`` (0: a free port), both answering at once (not ready until the state loads).
 
@@ -63,6 +64,7 @@ async def open_doors(engine: Engine, clock: Clock, pool: Executor, *, host: str,
             HTTP port too, unless ``http_socket``.
         http_socket: the HTTP door's listening socket, made once for all the front ends (the
             way no other process can join the port); default: bind ``host:http_port`` here.
+        http_limits: the HTTP door's bounds on each connection (default: :class:`HttpLimits`'s).
         options: the keyword arguments of :func:`~trtserve.frontend.grpc.server.start_frontend`
             (limits, TLS, auth); the HTTP door takes the receive limit as its body limit, and the
             same TLS and bearer token.
@@ -78,7 +80,7 @@ async def open_doors(engine: Engine, clock: Clock, pool: Executor, *, host: str,
         limit = options.get("max_receive_bytes") or options.get("max_message_bytes") or DEFAULT_MAX_MESSAGE_BYTES
         http = await start_http(service.state, host=host, port=http_port, reuse_port=reuse_port, sock=http_socket,
                                 max_body_bytes=limit, tls=options.get("tls"), auth_token=options.get("auth_token"),
-                                auth_health=options.get("auth_health", False))
+                                auth_health=options.get("auth_health", False), limits=http_limits)
     return Doors(server, service, bound, http)
 
 

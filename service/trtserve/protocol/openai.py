@@ -12,7 +12,8 @@ shape ``[n, 1]`` BYTES, a row per string in order; the answer's rows become
 ``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
 "usage"}``, each embedding a list of numbers or (``base64``) the base64 of its little-endian
 float32 bytes. Nothing in the body is accepted and ignored but ``user``, an opaque string the
-caller may send for its own tracing.
+caller may send for its own tracing. ``null`` for an optional field (``encoding_format``,
+``dimensions``, ``user``) is the field left out, as the OpenAI clients send it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ PARAMETER = "openai_embeddings"
 FORMATS = ("float", "base64")
 _F32 = np.dtype("<f4")  # FP32 on the wire: little-endian
 _FIELDS = ("model", "input", "encoding_format", "dimensions", "user")
+_OPTIONAL = ("encoding_format", "dimensions", "user")
+TOKEN_ID_RANGE = (0, 2**32 - 1)
+"""The integers a token id can be (a tokenizer's vocabulary index, unsigned 32-bit as TEI reads
+them): named in the refusal of token ids, which trtserve does not take."""
 
 
 class BadField(InvalidRequest):
@@ -102,14 +107,16 @@ def parse_embeddings(doc: dict[str, Any]) -> tuple[list[str], str, int | None]:
 
     Raises:
         BadField (HTTP 400): an unknown field; ``input`` missing, empty, an empty string,
-            token ids (integers), or not a string or list of strings; ``encoding_format`` other
-            than float or base64; ``dimensions`` not a positive integer; ``user`` not a string.
+            token ids (numbers: the message names :data:`TOKEN_ID_RANGE`), or not a string or
+            list of strings; ``encoding_format`` other than float or base64; ``dimensions`` not
+            a positive integer; ``user`` not a string. An optional field sent as null is absent.
     """
     unknown = sorted(set(doc) - set(_FIELDS))
     if unknown:
         raise BadField(unknown[0], f"unknown field(s) {', '.join(unknown)}: trtserve reads {', '.join(_FIELDS)}")
+    doc = {k: v for k, v in doc.items() if v is not None or k not in _OPTIONAL}
     texts = _texts(doc.get("input"))
-    encoding = doc.get("encoding_format") or "float"
+    encoding = doc.get("encoding_format", "float")
     if encoding not in FORMATS:
         raise BadField("encoding_format", f"encoding_format must be 'float' or 'base64', got {encoding!r}")
     dimensions = doc.get("dimensions")
@@ -123,7 +130,11 @@ def parse_embeddings(doc: dict[str, Any]) -> tuple[list[str], str, int | None]:
 def _texts(value: Any) -> list[str]:
     items = [value] if isinstance(value, str) else value
     if isinstance(items, list) and items and all(_token_ids(v) for v in items):
-        raise BadField("input", "token ids are not supported, send text (a string or a list of strings)")
+        low, high = TOKEN_ID_RANGE
+        flat = [n for v in items for n in (v if isinstance(v, list) else [v])]
+        bad = next((n for n in flat if not (isinstance(n, int) and low <= n <= high)), None)
+        also = "" if bad is None else f"; {bad!r} is not a token id either: token ids are integers from {low} to {high}"
+        raise BadField("input", f"token ids are not supported, send text (a string or a list of strings){also}")
     if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
         raise BadField("input", "input must be a string or a list of strings")
     if not items:
@@ -135,10 +146,15 @@ def _texts(value: Any) -> list[str]:
 
 
 def _token_ids(value: Any) -> bool:
-    """An integer, or a list of integers (one tokenized input)."""
+    """A number, or a list of numbers (one tokenized input, its ids in range or not: JSON
+    integers past 64 bits are read as floats)."""
     if isinstance(value, list):
-        return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    return isinstance(value, int) and not isinstance(value, bool)
+        return all(_number(v) for v in value)
+    return _number(value)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def infer_request(model: str, text_input: str, output: str, texts: list[str]) -> pb.ModelInferRequest:
@@ -166,5 +182,5 @@ def embeddings_body(response: pb.ModelInferResponse, output: str, encoding: str,
             "usage": {"prompt_tokens": total, "total_tokens": total}}
 
 
-__all__ = ["FORMATS", "PARAMETER", "BadField", "dimension", "embedding_io", "embeddings_body", "infer_request",
-           "model_of", "parse_embeddings"]
+__all__ = ["FORMATS", "PARAMETER", "TOKEN_ID_RANGE", "BadField", "dimension", "embedding_io", "embeddings_body",
+           "infer_request", "model_of", "parse_embeddings"]

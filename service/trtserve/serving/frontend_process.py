@@ -43,7 +43,7 @@ async def _frontend(config: ServeConfig, address: str, port: int, http_socket: s
     try:
         doors = await open_doors(engine, MonotonicClock(), pool, host=config.host, port=port, http_port=http_port,
                                  reuse_port=True, frontends=config.frontends, http_socket=http_socket,
-                                 **config.frontend)
+                                 http_limits=config.http_limits, **config.frontend)
     except RuntimeError as exc:  # the address is taken: the supervisor prints it and exits 2
         conn.send(("refused", str(exc)))
         await engine.aclose()

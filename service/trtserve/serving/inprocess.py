@@ -39,7 +39,7 @@ async def serve_in_process(config: ServeConfig) -> int:
     # false and ServerLive true, instead of a refused connection.
     try:
         doors = await open_doors(engine, MonotonicClock(), pool, host=config.host, port=config.port,
-                                 http_port=config.http_port, **config.frontend)
+                                 http_port=config.http_port, http_limits=config.http_limits, **config.frontend)
     except RuntimeError as exc:  # a port in use: one line, exit 2, as every other start-up refusal
         print(f"trtserve serve: {exc}", file=sys.stderr, flush=True)
         await core.aclose()

@@ -1,8 +1,8 @@
 """A port belongs to one server: the claim ``trtserve serve`` takes on each address it serves
 before it listens, and the one-line refusal when the address is taken.
 
-Two checks, in this order (both made for every fixed ``--port`` and ``--http-port``; for port 0
-the claim is taken once the port is bound):
+Two checks, in this order (both made for every fixed ``--port``, ``--http-port`` and
+``--metrics-port``; for a gRPC or HTTP port 0 the claim is taken once the port is bound):
 
 1. **The claim**: a Linux abstract unix socket named for the address (``\\0trtserve:HOST:PORT``),
    bound and listening for the server's life. Binding it is atomic, so of two servers started at
@@ -30,7 +30,7 @@ class PortInUse(RuntimeError):
 
 
 class PortClaim:
-    """The claim on one ``host:port``, served by ``door`` (``"gRPC"``, ``"HTTP"``: named in the
+    """The claim on one ``host:port``, served by ``door`` (``"gRPC"``, ``"HTTP"``, ``"metrics"``: named in the
     refusal; see the module docstring); held until :meth:`release` or the process ends.
 
     Raises:
@@ -82,9 +82,10 @@ def check_port_free(host: str, port: int, door: str) -> None:
             raise PortInUse(f"cannot listen on {host}:{port} ({door}): {exc.strerror or exc}") from None
 
 
-def claim_ports(host: str, ports: dict[str, int | None]) -> list[PortClaim]:
-    """Claim and probe every fixed port of ``ports`` (door name → port; None and 0 are skipped:
-    claim those with :class:`PortClaim` once bound). Returns the claims, to hold while serving.
+def claim_ports(addresses: dict[str, tuple[str, int | None]]) -> list[PortClaim]:
+    """Claim and probe every fixed address of ``addresses`` (door name → (host, port); port None
+    and 0 are skipped: claim those with :class:`PortClaim` once bound). Returns the claims, to
+    hold while serving.
 
     Raises:
         PortInUse: a port is claimed by another trtserve or held by any other process (the
@@ -92,7 +93,7 @@ def claim_ports(host: str, ports: dict[str, int | None]) -> list[PortClaim]:
     """
     claims: list[PortClaim] = []
     try:
-        for door, port in ports.items():
+        for door, (host, port) in addresses.items():
             if port:
                 claims.append(PortClaim(host, port, door))
                 check_port_free(host, port, door)

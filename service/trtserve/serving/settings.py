@@ -13,10 +13,13 @@ import os
 import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtserve.engine.lifecycle import LifecycleConfig
 from trtserve.runtimes.threads import DEFAULT_COMPUTE_NICE
+
+if TYPE_CHECKING:  # the engine core's process never loads uvicorn
+    from trtserve.frontend.http.protocol import HttpLimits
 
 log = logging.getLogger("trtserve")
 
@@ -29,6 +32,9 @@ class ServeConfig:
         repository: the model repository directory.
         host, port: where the front ends listen for gRPC (port 0: an ephemeral port).
         http_port: where they listen for HTTP (0: an ephemeral port; None: no HTTP door).
+            Triton's ports by default: gRPC 8001, HTTP 8000, metrics 8002.
+        http_limits: the HTTP door's bounds on each connection (None: the defaults of
+            :class:`~trtserve.frontend.http.protocol.HttpLimits`).
         frontends: front-end processes (>= 1).
         grace: seconds to finish admitted work on SIGTERM.
         frontend: keyword arguments of :func:`trtserve.frontend.grpc.server.start_frontend`
@@ -36,7 +42,8 @@ class ServeConfig:
         cpu_workers: threads per front end for handler pre/post-processing.
         intra_op_threads: ONNX Runtime threads per session (0: one per core).
         compute_nice: added to the nice value of ONNX Runtime's threads (0..19).
-        metrics_host, metrics_port: the engine core's Prometheus endpoint (None: off).
+        metrics_host, metrics_port: the engine core's Prometheus endpoint (0: an ephemeral port;
+            None: off).
         log_level, log_format, log_requests: logging of every process (as the CLI's flags).
         lifecycle: model control mode, models to load, poll interval, readiness rule.
     """
@@ -44,7 +51,8 @@ class ServeConfig:
     repository: Path
     host: str = "127.0.0.1"
     port: int = 8001
-    http_port: int | None = None
+    http_port: int | None = 8000
+    http_limits: HttpLimits | None = None
     frontends: int = 1
     grace: float = 30.0
     frontend: dict[str, Any] = field(default_factory=dict)
@@ -52,7 +60,7 @@ class ServeConfig:
     intra_op_threads: int = 0
     compute_nice: int = DEFAULT_COMPUTE_NICE
     metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = None
+    metrics_port: int | None = 8002
     log_level: str = "INFO"
     log_format: str = "text"
     log_requests: bool = False

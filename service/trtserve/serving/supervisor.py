@@ -293,7 +293,8 @@ def serve(config: ServeConfig) -> int:
     held until the server exits; a port taken by another server or process: one line on
     stderr (``trtserve serve: cannot listen on HOST:PORT: ...``), exit 2."""
     try:
-        claims = claim_ports(config.host, {"gRPC": config.port, "HTTP": config.http_port})
+        claims = claim_ports({"gRPC": (config.host, config.port), "HTTP": (config.host, config.http_port),
+                              "metrics": (config.metrics_host, config.metrics_port)})
     except PortInUse as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr, flush=True)
         return 2

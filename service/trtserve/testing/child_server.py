@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 _LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
 _HTTP = re.compile(r"HTTP on ([\d.]+):(\d+)")
 """The HTTP door's line, printed before the "listening" one (``trtserve HTTP on HOST:PORT``)."""
+_METRICS = re.compile(r"metrics on http://([\d.]+):(\d+)/metrics")
+"""The metrics endpoint's line, printed before the "listening" one."""
 
 
 class ChildServer:
@@ -51,6 +53,7 @@ class ChildServer:
         self.name = name
         self.url = ""
         self.http_url = ""  # HOST:PORT of the HTTP door; empty when the server announced none
+        self.metrics_url = ""  # HOST:PORT of the metrics endpoint; empty when the server announced none
         self.output: deque[str] = deque(maxlen=200)
         # Set at the end of the output: once every process writing to it (the server, its
         # model workers, multiprocessing's resource tracker) has exited.
@@ -69,6 +72,9 @@ class ChildServer:
                 http = _HTTP.search(line)
                 if http and not self.http_url:
                     self.http_url = f"{http.group(1)}:{http.group(2)}"
+                metrics = _METRICS.search(line)
+                if metrics and not self.metrics_url:
+                    self.metrics_url = f"{metrics.group(1)}:{metrics.group(2)}"
                 match = _LISTENING.search(line)
                 if match and not listening.is_set():
                     self.url = f"{match.group(1)}:{match.group(2)}"
@@ -114,8 +120,10 @@ class ChildServer:
 
 
 class ServerProcess(ChildServer):
-    """``with ServerProcess(repository) as srv:`` — ``trtserve serve`` at ``srv.url`` (gRPC) and,
-    with ``--allow-http true --http-port 0`` among ``extra_args``, at ``srv.http_url`` (HTTP).
+    """``with ServerProcess(repository) as srv:`` — ``trtserve serve`` at ``srv.url`` (gRPC),
+    ``srv.http_url`` (HTTP) and ``srv.metrics_url`` (Prometheus), every door on a free port
+    (``--port 0 --http-port 0 --metrics-port 0``, before ``extra_args``, which may set them or
+    turn a door off with ``--allow-http false`` / ``--allow-metrics false``).
 
     Args:
         repository: the model repository directory.
@@ -128,8 +136,24 @@ class ServerProcess(ChildServer):
                  env: Mapping[str, str] | None = None) -> None:
         self.repository = Path(repository)
         self.extra_args = extra_args
+        ports = ["--port", "0"]
+        for door, flag in (("--allow-http", "--http-port"), ("--allow-metrics", "--metrics-port")):
+            if not _turned_off(extra_args, door):
+                ports += [flag, "0"]
         super().__init__(
             [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(self.repository),
-             "--host", "127.0.0.1", "--port", "0", *extra_args],
+             "--host", "127.0.0.1", *ports, *extra_args],
             env=env, start_timeout=start_timeout, name="trtserve",
         )
+
+
+def _turned_off(args: Sequence[str], switch: str) -> bool:
+    """Whether ``args`` set ``switch`` (``--allow-http``) false, as ``--allow-http false`` or
+    ``--allow-http=false`` (the last one given wins, as in argparse)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == switch and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(switch + "="):
+            value = arg.split("=", 1)[1]
+    return value is not None and value.strip().lower() in ("0", "false", "no", "off")

@@ -65,6 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "a row still refused after them is left for a re-run (exit 1) (default: 8)")
     parser.add_argument("--stall-timeout", type=float, default=300.0,
                         help="stop if no row is answered for this many seconds (default: 300)")
+    parser.add_argument("--down-timeout", type=float, default=60.0,
+                        help="stop (exit 1, committing what was answered: re-run to resume) once every endpoint has "
+                             "been down this many seconds; meanwhile one line every few seconds names each down "
+                             "endpoint and the rows pending; 0 waits for ever (default: 60)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (it is off anyway when stderr is not a TTY)")
     parser.add_argument("--summary-json", type=Path, help="also write the final summary as JSON here")
@@ -98,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         print("trtserve bulk: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
+    if args.down_timeout < 0:
+        print(f"trtserve bulk: --down-timeout must be a number of seconds >= 0 (0: wait for ever), "
+              f"got {args.down_timeout:g}", file=sys.stderr)
+        return 2
     try:
         credentials = Credentials.from_files(args.tls_ca, args.tls_cert, args.tls_key, args.auth_token_file)
         if credentials.token is None and os.environ.get(AUTH_TOKEN_ENV, "").strip():
@@ -125,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         flush_seconds=args.flush_seconds,
         max_retries=args.max_retries,
         stall_timeout=args.stall_timeout,
+        down_timeout=args.down_timeout,
         progress=not args.no_progress,
         credentials=credentials,
     )

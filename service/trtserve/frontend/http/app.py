@@ -21,7 +21,8 @@ Routes (``{v}``: an optional ``/versions/<version>``):
 
 Errors are ``{"error": "<sentence>"}`` with the HTTP status of the error's class
 (:data:`HTTP_STATUS`, from the one table :data:`trtserve.frontend.status.STATUS_NAMES`): 400
-invalid, 404 unknown model or route, 413 a body over the limit, 429 with ``Retry-After`` for
+invalid, 404 unknown model or route, 413 a body over the limit (the connection then closes, its
+body unread), 429 with ``Retry-After`` for
 overload and full queues, 501 unimplemented, 503 not ready or draining, 504 deadline. A
 request's deadline is its ``timeout`` parameter (µs) or the :data:`TIMEOUT_HEADER` header (µs),
 the earlier of the two, and the model's default. Under ``/v1/`` errors take OpenAI's shape
@@ -44,6 +45,7 @@ from trtserve import __version__
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.errors import InvalidRequest, TrtServeError
 from trtserve.frontend.http.openai import PREFIX, OpenAIRoutes, error_body
+from trtserve.frontend.http.protocol import CLIENT_GONE
 from trtserve.frontend.inflight import GRACE_EXPIRED
 from trtserve.frontend.pipeline import FrontendModel
 from trtserve.frontend.state import FrontendState
@@ -81,6 +83,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 _OPEN = ("live", "ready")  # routes open without the token unless protect_health
 _UNIMPLEMENTED = re.compile(r"/v2/(systemsharedmemory|cudasharedmemory|trace|logging)(/.*)?")
 _JSON = [(b"content-type", b"application/json")]
+_CLOSE = (b"connection", b"close")
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -136,10 +139,14 @@ class RestApp:
             status, extra, payload = _failure(exc, scope["path"])
         except ClientGone:
             return
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            if exc.args == (CLIENT_GONE,):  # the connection closed while its answer was pending
+                return
             if not self.state.inflight.expired:
                 raise
             status, extra, payload = _failure(HttpError(503, GRACE_EXPIRED), scope["path"])
+        if self.state.inflight.draining and _CLOSE not in extra:  # the client reconnects (elsewhere) now
+            extra = [*extra, _CLOSE]
         await send({"type": "http.response.start", "status": status,
                     "headers": [*extra, (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
@@ -164,7 +171,7 @@ class RestApp:
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise HttpError(413, f"the request body is {int(declared)} bytes, more than the server's limit of "
-                                 f"{self.max_body_bytes} bytes (--max-receive-bytes)")
+                                 f"{self.max_body_bytes} bytes (--max-receive-bytes)", (_CLOSE,))
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -173,7 +180,8 @@ class RestApp:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                raise HttpError(413, f"the request body is more than the server's limit of {self.max_body_bytes} bytes")
+                raise HttpError(413, f"the request body is more than the server's limit of {self.max_body_bytes} "
+                                     f"bytes", (_CLOSE,))
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return self._decoded(b"".join(chunks), headers.get(b"content-encoding", b"identity").lower())

@@ -1,6 +1,8 @@
 """One front end's HTTP server: uvicorn (httptools) inside the front end's own asyncio loop,
 serving :class:`~trtserve.frontend.http.app.RestApp`, over HTTPS when given the gRPC door's
-:class:`~trtserve.frontend.grpc.security.TlsConfig` (uvicorn's own ``ssl_*`` settings).
+:class:`~trtserve.frontend.grpc.security.TlsConfig` (uvicorn's own ``ssl_*`` settings), every
+connection bounded by :class:`~trtserve.frontend.http.protocol.HttpLimits` (uvicorn's httptools
+protocol with the timers and limits it lacks, :mod:`trtserve.frontend.http.protocol`).
 
 uvicorn's ``Server.startup``/``shutdown`` run on the running loop, so the HTTP door shares the
 process, the loop and the :class:`~trtserve.frontend.state.FrontendState` of the gRPC door
@@ -16,12 +18,14 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+from functools import partial
 from typing import Any
 
 import uvicorn
 
 from trtserve.frontend.grpc.security import TlsConfig
 from trtserve.frontend.http.app import RestApp
+from trtserve.frontend.http.protocol import BoundedProtocol, HttpLimits
 from trtserve.frontend.state import FrontendState
 
 log = logging.getLogger(__name__)
@@ -86,7 +90,8 @@ def ssl_options(tls: TlsConfig | None) -> dict[str, Any]:
 
 async def start_http(state: FrontendState, *, host: str = "127.0.0.1", port: int = 0, reuse_port: bool = False,
                      sock: socket.socket | None = None, max_body_bytes: int, tls: TlsConfig | None = None,
-                     auth_token: str | None = None, auth_health: bool = False) -> HttpServer:
+                     auth_token: str | None = None, auth_health: bool = False,
+                     limits: HttpLimits | None = None) -> HttpServer:
     """Start the HTTP door of ``state`` on ``host:port`` (0: a free port), or on the listening
     socket ``sock`` (shared with other front ends; ``host``, ``port`` and ``reuse_port`` unused).
 
@@ -95,6 +100,7 @@ async def start_http(state: FrontendState, *, host: str = "127.0.0.1", port: int
         tls: serve HTTPS (mutual TLS when it has a client CA) instead of plain HTTP
             (:func:`ssl_options`).
         auth_token, auth_health: as for the gRPC door (:class:`~trtserve.frontend.http.app.RestApp`).
+        limits: the bounds on each connection (default: :class:`HttpLimits`'s defaults).
 
     Raises:
         RuntimeError: the address cannot be bound.
@@ -103,22 +109,23 @@ async def start_http(state: FrontendState, *, host: str = "127.0.0.1", port: int
     app = RestApp(state, max_body_bytes=max_body_bytes, auth_token=auth_token, auth_health=auth_health)
     if sock is None:
         sock = listening_socket(host, port, reuse_port=reuse_port)
-    return await serve_asgi(app, sock, h11_max_incomplete_event_size=max_body_bytes, **ssl_options(tls))
+    return await serve_asgi(app, sock, limits, **ssl_options(tls))
 
 
-async def serve_asgi(app: Any, sock: socket.socket, **options: Any) -> HttpServer:
-    """Serve the ASGI ``app`` on the listening ``sock`` with uvicorn (httptools, no lifespan,
-    no access log, no Server or Date header) on the running loop; ``options`` are more
-    ``uvicorn.Config`` settings (TLS, limits). The door of :func:`start_http`, and the bench's
-    null server's, so that both pay the same per call.
+async def serve_asgi(app: Any, sock: socket.socket, limits: HttpLimits | None = None, **options: Any) -> HttpServer:
+    """Serve the ASGI ``app`` on the listening ``sock`` with uvicorn (httptools bounded by
+    ``limits``, default :class:`HttpLimits`'s defaults; no lifespan, no access log, no Server or
+    Date header) on the running loop; ``options`` are more ``uvicorn.Config`` settings (TLS). The
+    door of :func:`start_http`, and the bench's null server's, so that both pay the same per call.
 
     Raises:
         ValueError, OSError: uvicorn refused ``options`` (a TLS file it cannot load).
     """
     # log_config None: uvicorn's loggers propagate to the root one trtserve.logs configured
     # (--log-format json included) instead of uvicorn's own text handlers.
-    config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False,
-                            log_config=None, log_level="warning", server_header=False, date_header=False, **options)
+    protocol = partial(BoundedProtocol, limits=limits or HttpLimits())
+    config = uvicorn.Config(app, loop="none", http=protocol, lifespan="off", access_log=False, log_config=None,
+                            log_level="warning", server_header=False, date_header=False, **options)
     config.load()  # with TLS, makes the SSLContext (the files were checked by TlsConfig.from_files)
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)  # set by Server._serve, which is not used (lifespan "off")

@@ -74,6 +74,7 @@ class Endpoint:
         self.send_q: asyncio.Queue[pb.ModelInferRequest] = asyncio.Queue()
         self.failures = 0
         self.down_until = 0.0
+        self.down_since: float | None = None  # monotonic time of the first failure since it last answered
         self.last_error = ""
         self.sent = 0
         self.rows_done = 0
@@ -103,10 +104,17 @@ class Endpoint:
         """Count one more failure and mark the endpoint down for its backoff; returns that
         backoff in seconds."""
         self.failures += 1
+        if self.down_since is None:
+            self.down_since = time.monotonic()
         delay = backoff(self.failures)
         self.down_until = time.monotonic() + delay
         self.last_error = why
         return delay
+
+    def recovered(self) -> None:
+        """It answered: no longer down."""
+        self.failures = 0
+        self.down_since = None
 
     def drop_inflight(self) -> list[Message]:
         """Forget every unanswered and unsent message (the stream is gone); returns the

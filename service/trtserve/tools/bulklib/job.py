@@ -22,6 +22,11 @@ server answers in completion order and the answer is matched back to its rows by
   goes to the errors file with the server's message. ``NOT_FOUND``/``UNIMPLEMENTED`` stop the
   job. If no row is answered for ``stall_timeout`` seconds the job stops; what was committed
   stays committed and a re-run finishes the rest.
+* **Down endpoints**: while an endpoint is down (its stream broke or it answered UNAVAILABLE,
+  and it has not answered since) one line every few seconds says which, for how long, and how
+  many rows are pending; once every endpoint has been down for ``down_timeout`` seconds (0:
+  wait for ever) the job commits what was answered and stops (exit 1, "re-run the same command
+  to resume").
 * **Exactly once**: see :mod:`.sink`. Within a run each id is planned once (a repeated input id
   is skipped and counted), each message id is used once (a re-send gets a new id, so a late
   answer can never be taken for another attempt's).
@@ -99,6 +104,7 @@ class JobConfig:
     flush_seconds: float = 30.0
     max_retries: int = 8
     stall_timeout: float = 300.0
+    down_timeout: float = 60.0
     progress: bool = True
     read_batch_rows: int = 4096
     credentials: Credentials = field(default_factory=Credentials)
@@ -375,7 +381,7 @@ class BulkJob:
             return
         if ep.failures:
             log.info("%s answers again", ep.url)
-            ep.failures = 0
+            ep.recovered()
         ep.rows_done += len(msg.rows)
         self._resolve_message(msg, parse_response(response))
 
@@ -486,13 +492,25 @@ class BulkJob:
                 self.last_flush = time.monotonic()
 
     async def _watchdog(self) -> None:
+        cfg = self.cfg
+        tick = min(5.0, cfg.stall_timeout / 4, *((cfg.down_timeout / 4,) if cfg.down_timeout > 0 else ()))
         while True:
-            await asyncio.sleep(min(5.0, self.cfg.stall_timeout / 4))
-            idle = time.monotonic() - self.last_progress
-            if self.unresolved and idle > self.cfg.stall_timeout:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            idle = now - self.last_progress
+            if self.unresolved and idle > cfg.stall_timeout:
                 states = "; ".join(f"{ep.url}: {ep.last_error or 'no error'}" for ep in self.endpoints)
                 raise BulkError(f"no row was answered for {idle:.0f} s ({states}); committed rows are kept, "
                                 "re-run the same command to finish")
+            down = {ep.url: (now - ep.down_since, ep.last_error) for ep in self.endpoints if ep.down_since is not None}
+            if not (down and self.unresolved):
+                continue
+            states = "; ".join(f"{url} down for {seconds:.0f} s ({why})" for url, (seconds, why) in down.items())
+            log.warning("%s; %d row(s) pending", states, self.unresolved)
+            if len(down) == len(self.endpoints) and cfg.down_timeout > 0 and \
+                    min(seconds for seconds, _ in down.values()) > cfg.down_timeout:
+                raise BulkError(f"every endpoint has been down for more than {cfg.down_timeout:g} s (--down-timeout) "
+                                f"({states}); the rows answered are committed, re-run the same command to resume")
 
     def _open_progress(self, total: int | None) -> None:
         if not self.cfg.progress or not sys.stderr.isatty():
