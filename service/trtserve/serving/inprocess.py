@@ -10,7 +10,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from trtserve.serving.ports import PortClaim
-from trtserve.serving.settings import ServeConfig, announcer, log_ping_policy
+from trtserve.serving.settings import ServeConfig, announcer, log_ping_policy, queue_line
 
 log = logging.getLogger("trtserve")
 
@@ -48,6 +48,10 @@ async def serve_in_process(config: ServeConfig) -> int:
     log_ping_policy(config)
     if doors.http_port is not None:
         announce(f"trtserve HTTP on {config.host}:{doors.http_port}")
+    if doors.queue is not None:
+        announce(queue_line(doors.queue.settings))
+        if core.metrics is not None:
+            core.metrics.registry.register(doors.queue.metrics)
     if core.metrics is not None:
         announce(f"trtserve metrics on http://{config.metrics_host}:{core.metrics.port}/metrics")
     stop = asyncio.Event()
