@@ -9,12 +9,17 @@ No timed assertions: every wait is for a state (a result, a count), with a gener
 from __future__ import annotations
 
 import json
+import os
+import signal
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
 from redis_server import RedisServer, missing_reason
 from servers import ServerThread
@@ -64,6 +69,13 @@ def wait_for(predicate, what: str):
 
 def result_of(r, model: str, rid: str) -> dict[bytes, bytes]:
     return wait_for(lambda: r.hgetall(result_key("trtserve", model, rid)), f"the result of {rid}")
+
+
+def sample(srv: ServerThread, name: str, **labels: str) -> float | None:
+    """A metric of the server's queue door, as a scrape would read it."""
+    registry = CollectorRegistry()
+    registry.register(srv.doors[0].queue.metrics)
+    return registry.get_sample_value(name, labels)
 
 
 def identity_json(rid: str, values: list[float]) -> dict[str, str]:
@@ -131,7 +143,7 @@ def test_same_id_twice_computes_once(make_server, engines, tmp_path, redis_serve
 
 
 def test_expired_message_never_runs_and_deadline_follows_the_entry_id(make_server, engines, tmp_path, redis_server):
-    start(make_server, engines, tmp_path, redis_server, "identity_fp32")
+    srv = start(make_server, engines, tmp_path, redis_server, "identity_fp32")
     r = redis_server.client()
     stream = stream_key("trtserve", "identity_fp32")
     # The entry id says Redis took it 10 s ago: a 5 s timeout has passed, whatever the producer thinks.
@@ -144,6 +156,9 @@ def test_expired_message_never_runs_and_deadline_follows_the_entry_id(make_serve
     assert float(expired[b"queue_ms"]) >= 10_000
     assert result_of(r, "identity_fp32", "fresh")[b"status"] == b"OK"
     assert r.xpending(stream, GROUP)["pending"] == 0  # acked, never retried
+    assert sample(srv, "trtserve_queue_expired_total", model="identity_fp32") == 1
+    assert sample(srv, "trtserve_queue_pickup_delay_seconds_count", model="identity_fp32") == 2
+    assert sample(srv, "trtserve_queue_pickup_delay_seconds_bucket", model="identity_fp32", le="5.0") == 1
 
 
 def test_poison_goes_to_dead_letter_after_n_deliveries(make_server, engines, tmp_path, redis_server):
@@ -154,8 +169,10 @@ def test_poison_goes_to_dead_letter_after_n_deliveries(make_server, engines, tmp
     # A consumer that died holding it three times (the delivery count Redis keeps).
     r.xreadgroup(GROUP, "ghost", {stream: ">"})
     r.xclaim(stream, GROUP, "ghost", 0, [entry], retrycount=3)
-    start(make_server, engines, tmp_path, redis_server, "identity_fp32", max_deliveries=3)
+    srv = start(make_server, engines, tmp_path, redis_server, "identity_fp32", max_deliveries=3)
     wait_for(lambda: r.xlen(dead_key("trtserve", "identity_fp32")), "the dead letter")
+    assert sample(srv, "trtserve_queue_redelivered_total", model="identity_fp32") == 1
+    assert sample(srv, "trtserve_queue_dead_lettered_total", model="identity_fp32", reason="deliveries") == 1
     (_, letter), = r.xrange(dead_key("trtserve", "identity_fp32"))
     assert letter[b"deliveries"] == b"3"
     assert letter[b"entry"] == entry
@@ -230,3 +247,64 @@ def test_drain_leaves_unread_work_for_the_next_consumer(make_server, engines, tm
     wait_for(lambda: done() == total, "every result after the restart")
     results = [QueueResult.of(r.hgetall(result_key("trtserve", "slow", f"d{i}"))) for i in range(total)]
     assert {res.status for res in results} == {"OK"}
+
+
+def test_redis_restarted_mid_run_loses_nothing_acked(make_server, engines, tmp_path, redis_server):
+    srv = start(make_server, engines, tmp_path, redis_server, "identity_fp32")
+    r = redis_server.client()
+    stream = stream_key("trtserve", "identity_fp32")
+    for i in range(20):
+        r.xadd(stream, identity_json(f"r{i}", [float(i)]))
+    wait_for(lambda: all(r.exists(result_key("trtserve", "identity_fp32", f"r{i}")) for i in range(20)), "20 results")
+    redis_server.restart()  # the append-only file keeps what Redis acknowledged
+    r = redis_server.client()
+    for i in range(20, 40):
+        r.xadd(stream, identity_json(f"r{i}", [float(i)]))
+    wait_for(lambda: all(r.exists(result_key("trtserve", "identity_fp32", f"r{i}")) for i in range(40)),
+             "40 results across the restart")
+    assert {r.hget(result_key("trtserve", "identity_fp32", f"r{i}"), "status") for i in range(40)} == {b"OK"}
+    wait_for(lambda: r.xpending(stream, GROUP)["pending"] == 0, "every entry acked")
+    assert srv.doors[0].queue.healthy
+
+
+def serve(root: Path, redis_url: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """``trtserve serve`` with the queue door from the environment (TRTSERVE_REDIS_URL), once it
+    says it listens; returns the process and its output lines so far."""
+    env = {**os.environ, "TRTSERVE_REDIS_URL": redis_url, "TRTSERVE_REDIS_CLAIM_IDLE": "0.5",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "trtserve", "serve", "--model-repository", str(root), "--port", "0",
+                             "--frontends", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if "listening on" in line:
+            return proc, lines
+    raise AssertionError("trtserve serve exited before listening:\n" + "".join(lines))
+
+
+def test_sigkill_after_reading_then_restart_answers_every_id_once(engines, tmp_path, redis_server):
+    root = repository(engines, tmp_path / "repo", "slow")
+    r = redis_server.client()
+    stream, total = stream_key("trtserve", "slow"), 120
+    proc, lines = serve(root, redis_server.url)
+    assert any(f"trtserve queue door on {redis_server.url}" in line for line in lines), lines
+    pipe = r.pipeline()
+    for i in range(total):
+        pipe.xadd(stream, {"id": f"k{i}", "reply_to": "replies", "body": json.dumps(
+            {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [float(i)]}]})})
+    pipe.execute()
+    # Killed while it holds entries it has read and not answered.
+    wait_for(lambda: r.xlen("replies") >= 10 and r.xpending(stream, GROUP)["pending"] > 0, "read, not yet answered")
+    proc.kill()
+    proc.wait(30)
+    assert r.xpending(stream, GROUP)["pending"] > 0
+    proc, _ = serve(root, redis_server.url)  # the same consumer name: it reclaims its own pending entries
+    try:
+        wait_for(lambda: r.xlen("replies") >= total, "every reply")
+        ids = [fields[b"id"] for _, fields in r.xrange("replies")]
+        assert sorted(ids) == sorted(f"k{i}".encode() for i in range(total))  # each exactly once
+        assert r.xpending(stream, GROUP)["pending"] == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
