@@ -308,3 +308,12 @@ def test_sigkill_after_reading_then_restart_answers_every_id_once(engines, tmp_p
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_readme_queue_example_runs_verbatim(make_server, engines, tmp_path, redis_server, capsys):
+    start(make_server, engines, tmp_path, redis_server, "tiny")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### The queue door, with Redis", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code.replace("redis://127.0.0.1:6379/0", redis_server.url), "README.md", "exec"), {})  # noqa: S102
+    assert capsys.readouterr().out.count("'OK'") == 3
