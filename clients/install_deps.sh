@@ -3,7 +3,7 @@
 # apart from the apt mirror. Installs only what is missing. Node.js (>= 18) and npm come from
 # apt only when absent; the Node packages come from the npm registry via `npm ci` (`make clients`).
 #
-#   clients/install_deps.sh [node] [cpp] [go] [image]     (default: node cpp go)
+#   clients/install_deps.sh [node] [cpp] [go] [image] [redis]     (default: node cpp go)
 set -euo pipefail
 WANT=("$@")
 [ ${#WANT[@]} -gt 0 ] || WANT=(node cpp go)
@@ -19,7 +19,9 @@ for want in "${WANT[@]}"; do
                golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc) ;;
     # not a client: what `make image` builds and runs the container image with (only on request)
     image) PKGS+=(podman runc mmdebstrap) ;;
-    *) echo "unknown toolchain '$want' (node, cpp, go, image)" >&2; exit 2 ;;
+    # not a client either: the real Redis the queue door's tests start (tests/redis_server.py)
+    redis) command -v redis-server >/dev/null || PKGS+=(redis-server) ;;
+    *) echo "unknown toolchain '$want' (node, cpp, go, image, redis)" >&2; exit 2 ;;
   esac
 done
 MISSING=()

@@ -22,6 +22,7 @@ from trtserve.engine.lifecycle import DEFAULT_POLL_SECS, ControlMode, LifecycleC
 from trtserve.frontend.grpc.server import Keepalive
 from trtserve.frontend.grpc.service import DEFAULT_STREAM_INFLIGHT
 from trtserve.frontend.http.protocol import HttpLimits
+from trtserve.frontend.queue.door import QueueSettings
 from trtserve.frontend.state import DEFAULT_MAX_MESSAGE_BYTES
 from trtserve.runtimes.threads import DEFAULT_COMPUTE_NICE, MAX_NICE
 
@@ -60,6 +61,12 @@ HTTP_LIMIT_FLAGS = (
     ("--http-max-headers", "max_headers", int, "most header lines in a request; more: 431 and the connection closed"),
     ("--http-keepalive-timeout", "keepalive_timeout", float,
      "seconds an HTTP connection may stay idle, before its first request or between requests, before it is closed"),
+)
+QUEUE_FLAGS = (
+    # flag, default, meaning: the queue door's settings beside --redis-url (QueueSettings' fields)
+    ("--redis-claim-idle", 30.0, "seconds an entry may stay pending with one consumer before another reclaims it"),
+    ("--redis-max-deliveries", 5, "deliveries of an entry without an answer before it goes to the dead-letter stream"),
+    ("--redis-result-ttl", 3600.0, "seconds a result key lives unless the message sets result_ttl_s"),
 )
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
@@ -194,6 +201,13 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
                             f"(else ${AUTH_TOKEN_ENV}, if set)")
     serve.add_argument("--auth-health", action="store_true",
                        help="require the token for health checking and reflection too (default: they stay open)")
+    queue = serve.add_argument_group("the queue door: requests through Redis Streams (docs/guide/queue.md)")
+    queue.add_argument("--redis-url", default=None, metavar="URL",
+                       help="read requests from Redis Streams at this URL (redis://HOST:PORT/DB; one stream per model, "
+                            "trtserve:requests:<model>) and answer into result keys (default: no queue door)")
+    for flag, default, meaning in QUEUE_FLAGS:
+        queue.add_argument(flag, type=type(default), default=None, metavar="N",
+                           help=f"with --redis-url: {meaning} (default: {default})")
     keepalive = serve.add_argument_group("gRPC keepalive and ping policy (Triton's flags; times in ms)")
     for flag, default, meaning in KEEPALIVE_FLAGS:
         kind = _boolean if isinstance(default, bool) else int
@@ -330,6 +344,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         keepalive = _keepalive(args)
         http_limits = HttpLimits(**{name: getattr(args, flag.lstrip("-").replace("-", "_"))
                                     for flag, name, _, _ in HTTP_LIMIT_FLAGS})
+        queue = _queue(args)
     except ValueError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)
         return 2
@@ -349,6 +364,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_inflight_rpcs=inflight,
             max_concurrent_streams=args.grpc_max_concurrent_streams or None,
             keepalive=keepalive,
+            queue=queue,
             **security,
         ),
         cpu_workers=args.cpu_workers,
@@ -371,6 +387,24 @@ def _keepalive(args: argparse.Namespace) -> Keepalive:
         ValueError: a time that is not > 0 or a count < 0 (the message names it).
     """
     return Keepalive(*(getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in KEEPALIVE_FLAGS))
+
+
+def _queue(args: argparse.Namespace) -> QueueSettings | None:
+    """The queue door's settings from ``--redis-url`` and the ``--redis-*`` flags (None: no door).
+
+    Raises:
+        ValueError: a ``--redis-*`` flag without ``--redis-url``, or a value out of range.
+    """
+    given = {flag: getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in QUEUE_FLAGS}
+    if not args.redis_url:
+        stray = [flag for flag, value in given.items() if value is not None]
+        if stray:
+            raise ValueError(f"{', '.join(stray)} need --redis-url (the queue door is off)")
+        return None
+    values = {flag.removeprefix("--redis-").replace("-", "_"): value for flag, value in given.items()
+              if value is not None}
+    return QueueSettings(args.redis_url, claim_idle=values.get("claim_idle", 30.0),
+                         max_deliveries=values.get("max_deliveries", 5), result_ttl=values.get("result_ttl", 3600.0))
 
 
 def _lifecycle(args: argparse.Namespace) -> LifecycleConfig:

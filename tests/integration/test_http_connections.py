@@ -22,7 +22,7 @@ import pytest
 
 from integration.helpers import wait_for_file, write_gate
 from integration.test_http_rest import sync_records
-from reliability.harness import wait_for
+from reliability.casekit import wait_for
 from trtserve.frontend.http.protocol import HttpLimits
 
 LIMITS = HttpLimits(header_timeout=1.0, body_timeout=1.0, body_min_rate=1000, max_header_bytes=4096,

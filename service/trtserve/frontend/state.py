@@ -139,10 +139,13 @@ class FrontendState:
     # -- the request path -------------------------------------------------------------------
 
     async def answer(self, request: pb.ModelInferRequest, transport_deadline: float,
-                     refusal: TrtServeError | None) -> pb.ModelInferResponse:
-        """Answer one request (a unary call, a stream message or an HTTP infer request) by
-        ``transport_deadline`` (monotonic seconds, ``math.inf`` for none) and record its outcome
-        once. The request's timing is read here, once, into an :class:`~trtserve.ipc.admission.Ask`.
+                     refusal: TrtServeError | None, received: float | None = None) -> pb.ModelInferResponse:
+        """Answer one request (a unary call, a stream message, an HTTP infer request or a queue
+        message) by ``transport_deadline`` (monotonic seconds, ``math.inf`` for none) and record its
+        outcome once. The request's timing is read here, once, into an
+        :class:`~trtserve.ipc.admission.Ask`; its ``timeout`` and the model's default timeout count
+        from ``received`` (monotonic seconds: the queue door gives when Redis took the message),
+        or from now.
 
         Raises:
             TrtServeError: its status is the answer (``refusal``, when the in-flight gate refused
@@ -154,7 +157,7 @@ class FrontendState:
         try:
             if refusal is not None:
                 raise refusal
-            response, late = await self._infer(request, transport_deadline, start)
+            response, late = await self._infer(request, transport_deadline, start if received is None else received)
             return response
         except TrtServeError as exc:
             code, error = status_name(exc), exc

@@ -42,7 +42,7 @@ async def _frontend(config: ServeConfig, address: str, port: int, http_socket: s
     http_port = http_socket.getsockname()[1] if http_socket is not None else None
     try:
         doors = await open_doors(engine, MonotonicClock(), pool, host=config.host, port=port, http_port=http_port,
-                                 reuse_port=True, frontends=config.frontends, http_socket=http_socket,
+                                 reuse_port=True, frontends=config.frontends, http_socket=http_socket, index=index,
                                  http_limits=config.http_limits, **config.frontend)
     except RuntimeError as exc:  # the address is taken: the supervisor prints it and exits 2
         conn.send(("refused", str(exc)))

@@ -12,7 +12,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from trtserve.serving.ports import PortClaim
-from trtserve.serving.settings import ServeConfig, announcer, log_ping_policy
+from trtserve.serving.settings import ServeConfig, announcer, log_ping_policy, queue_line
 
 if TYPE_CHECKING:
     from trtserve.engine.registry import ModelRegistry
@@ -54,6 +54,10 @@ async def serve_in_process(config: ServeConfig) -> int:
     log_ping_policy(config)
     if doors.http_port is not None:
         announce(f"trtserve HTTP on {config.host}:{doors.http_port}")
+    if doors.queue is not None:
+        announce(queue_line(doors.queue.settings))
+        if core.metrics is not None:
+            core.metrics.registry.register(doors.queue.metrics)
     if core.metrics is not None:
         announce(f"trtserve metrics on http://{config.metrics_host}:{core.metrics.port}/metrics")
     stop = asyncio.Event()

@@ -37,8 +37,8 @@ class ServeConfig:
             :class:`~trtserve.frontend.http.protocol.HttpLimits`).
         frontends: front-end processes (>= 1).
         grace: seconds to finish admitted work on SIGTERM.
-        frontend: keyword arguments of :func:`trtserve.frontend.grpc.server.start_frontend`
-            (limits, TLS, auth).
+        frontend: keyword arguments of :func:`trtserve.frontend.doors.open_doors` (limits, TLS,
+            auth; ``queue``: the queue door's settings).
         cpu_workers: threads per front end for handler pre/post-processing.
         intra_op_threads: ONNX Runtime threads per session (0: one per core).
         compute_nice: added to the nice value of ONNX Runtime's threads (0..19).
@@ -106,3 +106,9 @@ def announcer(config: ServeConfig) -> Any:
     if config.log_format == "json":
         return lambda line: log.info("%s", line)
     return lambda line: print(line, flush=True)
+
+
+def queue_line(settings: Any) -> str:
+    """The start-up line of the queue door (a :class:`~trtserve.frontend.queue.door.QueueSettings`)."""
+    return (f"trtserve queue door on {settings.redact()} (streams {settings.prefix}:requests:<model>, "
+            f"group trtserve)")

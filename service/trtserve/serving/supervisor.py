@@ -44,7 +44,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from trtserve.serving.ports import PortClaim, PortInUse, claim_ports
-from trtserve.serving.settings import ServeConfig, announcer, log_ping_policy
+from trtserve.serving.settings import ServeConfig, announcer, log_ping_policy, queue_line
 
 log = logging.getLogger("trtserve")
 
@@ -161,6 +161,8 @@ class Supervisor:
         log_ping_policy(config)
         if self.http_port is not None:
             self._announce(f"trtserve HTTP on {config.host}:{self.http_port}")
+        if config.frontend.get("queue") is not None:
+            self._announce(queue_line(config.frontend["queue"]))
         if metrics_port is not None:
             self._announce(f"trtserve metrics on http://{config.metrics_host}:{metrics_port}/metrics")
         for index in range(1, config.frontends):
