@@ -141,6 +141,8 @@ async def test_a_live_cap_started_low_climbs_to_the_knee_under_a_backlog_and_hol
     assert d.cap.value in (16, 32) and d.cap.moves >= 3 and "while serving" in d.cap.reason
     assert all(f.done() and not f.exception() for f in futures)
     assert min(backend.sizes()[-20:]) >= 16
+    # Front ends see the cap in force (the queue door sizes its reads by it).
+    assert d.hint().cap == d.cap.value == d.snapshot().cap
     fixed = Dispatcher(backend, BatchingPolicy(max_batch_size=4), clock=clock)
     fixed.start_cap(2, "ignored: the config fixes it")
     assert (fixed.cap.value, fixed.cap.live) == (4, False)

@@ -260,7 +260,7 @@ def queue_hint(
             expiry = min((e.deadline - latency.lower_bound(1, e.length) for e in entries if e.level == level),
                          default=math.inf)
             full.append((level, min(moves_at, expiry)))
-    return QueueHint(latency.lower_bound(1, 1), policy, free_at[0], tuple(points), tuple(full))
+    return QueueHint(latency.lower_bound(1, 1), policy, free_at[0], tuple(points), tuple(full), cap)
 
 
 __all__ = ["FULL_HORIZON_S", "HINT_POINTS", "HINT_REFRESH_S", "SlotEnds", "Wait", "batch_floor", "deadline_batch",

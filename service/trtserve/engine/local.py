@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 from trtserve.datatypes import Tensors
 from trtserve.engine.model import EngineModel
 from trtserve.errors import BackendError, RequestTimeout, TrtServeError
-from trtserve.ipc.admission import Ask, shed
+from trtserve.ipc.admission import Ask, QueueHint, shed
 from trtserve.ipc.engine import Engine, ModelInfo
 from trtserve.ipc.messages import Outcome
 from trtserve.ipc.queries import EngineQuery
@@ -75,6 +75,14 @@ class LocalEngine(Engine):
         except Exception as exc:  # as the engine core answers a failed query over ZeroMQ: INTERNAL
             log.error("engine core: query failed", exc_info=exc)
             raise BackendError(str(exc)) from exc
+
+    def hint(self, model: str) -> QueueHint | None:
+        """:meth:`Engine.hint <trtserve.ipc.engine.Engine.hint>`: read from the model's dispatcher
+        (``None`` where no version serves)."""
+        try:
+            return self.get(model, "").dispatcher.hint()
+        except TrtServeError:
+            return None
 
     def shed(self, model: str, ask: Ask, now: float) -> None:
         """See :meth:`EngineClient.shed <trtserve.ipc.client.EngineClient.shed>`; here the

@@ -100,6 +100,8 @@ class QueueHint:
         full: (level, until): that level's queue is at ``max_queue_size`` until then at least
             (until a slot frees up, the dispatcher's next decision with a slot idle, or one of
             its entries expires: :func:`~trtserve.batching.wait.queue_hint`).
+        cap: the batch cap in force (rows; :mod:`trtserve.batching.cap`): what one batch of
+            the model takes now, below ``policy.max_batch_size``.
     """
 
     min_run: float
@@ -107,6 +109,7 @@ class QueueHint:
     free: float
     points: tuple[tuple[int, float, float], ...] = ()
     full: tuple[tuple[int, float], ...] = ()
+    cap: int = 1
 
     def refusal(self, model: str, ask: Ask, now: float) -> TrtServeError | None:
         """The error a front end answers without sending the request, or ``None`` to send it.

@@ -129,6 +129,11 @@ class EngineClient(Engine):
         finally:
             self._pending.pop(rid, None)
 
+    def hint(self, model: str) -> QueueHint | None:
+        """:meth:`Engine.hint <trtserve.ipc.engine.Engine.hint>`: from the core's last answer of
+        ``model``."""
+        return self._hints.get(model)
+
     def shed(self, model: str, ask: Ask, now: float) -> None:
         """:meth:`Engine.shed <trtserve.ipc.engine.Engine.shed>`, judged by the model's queue as
         the engine core's last answer described it (:meth:`QueueHint.refusal

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from trtserve.datatypes import Tensors
 from trtserve.errors import ModelNotFound, ModelNotReady
-from trtserve.ipc.admission import Ask
+from trtserve.ipc.admission import Ask, QueueHint
 from trtserve.ipc.messages import ModelState
 from trtserve.ipc.queries import EngineQuery
 from trtserve.spec import ModelSpec
@@ -107,6 +107,11 @@ class Engine(abc.ABC):
             InvalidRequest, QueueFull, Overloaded, RequestTimeout, ShuttingDown, BackendError,
             ModelNotReady, ModelNotFound: as the engine core answered.
         """
+
+    @abc.abstractmethod
+    def hint(self, model: str) -> QueueHint | None:
+        """The model's queue as the engine core last described it
+        (:class:`~trtserve.ipc.admission.QueueHint`); ``None`` before any answer of it."""
 
     @abc.abstractmethod
     def shed(self, model: str, ask: Ask, now: float) -> None:

@@ -252,14 +252,18 @@ class QueueDoor:
     # -- reading ----------------------------------------------------------------------------
 
     def credit(self, model: str) -> int:
-        """Entries of ``model`` the door may take now: two batches per execution slot, less those
-        it holds, and no more than the front end's in-flight bound has room for."""
+        """Entries of ``model`` the door may take now: two batches per execution slot (a batch at
+        the batch cap in force, as the engine core's last answer gave it; ``max_batch_size``
+        before one), less those it holds, and no more than the front end's in-flight bound has
+        room for."""
         reader = self._readers.get(model)
         info = self.state.engine.models.get(model)
         if reader is None or info is None or info.spec is None:
             return 0
         spec = info.spec
-        room = max(1, spec.instances) * max(1, spec.policy.max_batch_size) * 2 - reader.held
+        hint = self.state.engine.hint(model)
+        batch = hint.cap if hint is not None else max(1, spec.policy.max_batch_size)
+        room = max(1, spec.instances) * batch * 2 - reader.held
         gate = self.state.inflight
         if gate.limit is not None:
             room = min(room, gate.limit - gate.active)
