@@ -8,7 +8,7 @@ GEN := service/trtserve/_proto
 PROTOS := $(wildcard protos/inference/*.proto protos/trtserve/v1/*.proto)
 DATA ?= ../shared/data
 
-.PHONY: setup protos engine serve demo data test lint docs reliability bench loadgen clients clean fuzz soak image
+.PHONY: setup protos engine serve demo data test lint docs reliability bench loadgen clients clean fuzz soak image trt-bindings-check
 
 ## setup: create .venv with the server, export and dev extras (CPU builds; no GPU needed)
 setup: $(VENV)/.installed
@@ -69,6 +69,12 @@ image: engine
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check service tests tools engines clients
 	$(VENV)/bin/lint-imports
+
+## trt-bindings-check: typings/tensorrt and tests/unit/test_tensorrt_cpu.py against NVIDIA's real TensorRT
+## Python bindings (11.4 and 10.16, from PyPI into build/trt-bindings, never the venv) on this CPU machine:
+## once without their libraries, once over stand-in libraries on which TensorRT imports but CUDA cannot start
+trt-bindings-check: $(VENV)/.installed
+	PY=$(PY) tools/trt_bindings_check.sh
 
 ## docs: regenerate the reference pages made from the code (docs/reference/cli.md from the argument
 ## parser, metrics.md from the metric families); `make test` fails while a committed page differs

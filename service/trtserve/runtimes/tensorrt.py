@@ -29,6 +29,7 @@ import asyncio
 import collections
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -63,16 +64,34 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- availability
 
 
+_import_lock = threading.Lock()
+
+
 def import_tensorrt() -> Any:
-    """The ``tensorrt`` module, imported on first use.
+    """The ``tensorrt`` module, imported on first use; safe from any number of threads.
+
+    Python's import hands a module that is still initialising to a second importing thread once
+    the first finishes, even when the first failed: without care, a model loading beside another
+    whose ``import tensorrt`` failed part-way (its libraries missing) gets a half-initialised
+    module and no error. So the import is serialised here (each caller that finds no module makes
+    its own attempt and sees its own error), and the module is returned only if it is the one
+    left in ``sys.modules`` (an import started elsewhere that failed is refused too).
 
     Raises:
-        GpuUnavailable: TensorRT is not installed or its libraries cannot be loaded.
+        GpuUnavailable: TensorRT is not installed ("TensorRT is not installed (pip install ...)"),
+            or it is but cannot be loaded (its libraries are missing, or its import failed).
     """
-    try:
-        import tensorrt
-    except (ImportError, OSError) as exc:
-        raise GpuUnavailable(f"TensorRT is not installed ({INSTALL_HINT}): {exc}") from exc
+    with _import_lock:
+        try:
+            import tensorrt
+        except ModuleNotFoundError as exc:
+            if exc.name != "tensorrt":
+                raise GpuUnavailable(f"TensorRT is installed but cannot be loaded: {exc}") from exc
+            raise GpuUnavailable(f"TensorRT is not installed ({INSTALL_HINT})") from exc
+        except (ImportError, OSError) as exc:
+            raise GpuUnavailable(f"TensorRT is installed but cannot be loaded: {exc}") from exc
+    if sys.modules.get("tensorrt") is not tensorrt:
+        raise GpuUnavailable("TensorRT is installed but cannot be loaded: its import failed in another thread")
     return tensorrt
 
 
@@ -83,8 +102,8 @@ def unavailable_reason(device: int = 0) -> str | None:
     missing: list[str] = []
     try:
         import_tensorrt()
-    except GpuUnavailable:
-        missing.append(f"TensorRT is not installed ({INSTALL_HINT})")
+    except GpuUnavailable as exc:
+        missing.append(str(exc))
     try:
         cuda.preflight(device)
     except GpuUnavailable as exc:
