@@ -8,7 +8,7 @@ GEN := service/trtserve/_proto
 PROTOS := $(wildcard protos/inference/*.proto protos/trtserve/v1/*.proto)
 DATA ?= ../shared/data
 
-.PHONY: setup protos engine serve demo data test lint docs reliability bench loadgen clients clean fuzz soak image
+.PHONY: setup protos engine serve demo data test lint docs reliability bench loadgen clients clean fuzz soak image trt-bindings-check gpu-pack gpu-check gpu-dry-run
 
 ## setup: create .venv with the server, export, bench and dev extras (CPU builds; no GPU needed)
 setup: $(VENV)/.installed
@@ -69,6 +69,28 @@ image: engine
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check service tests tools engines clients
 	$(VENV)/bin/lint-imports
+
+## trt-bindings-check: typings/tensorrt and tests/unit/test_tensorrt_cpu.py against NVIDIA's real TensorRT
+## Python bindings (11.4 and 10.16, from PyPI into build/trt-bindings, never the venv) on this CPU machine:
+## once without their libraries, once over stand-in libraries on which TensorRT imports but CUDA cannot start
+trt-bindings-check: $(VENV)/.installed
+	PY=$(PY) tools/trt_bindings_check.sh
+
+## gpu-pack: what the GPU check needs beside the tree, into build/gpu (carried with it): wheels for
+## Python 3.12 of what the GPU machine lacks (tests/gpu/requirements.txt), the generated protobuf
+## modules, the small built models; prints the size of all that travels (at most 64 MiB)
+gpu-pack: protos engine
+	PY=$(PY) tests/gpu/pack.sh
+
+## gpu-check: the GPU check, offline, on a machine with an NVIDIA GPU (tests/gpu/run.sh, with its own
+## python3); results in build/gpu-check (GPU_CHECK_OUT=dir), one JSON and one Markdown table
+gpu-check:
+	tests/gpu/run.sh
+
+## gpu-dry-run: the GPU check on this CPU machine, in a fresh Python 3.12 venv holding only the GPU
+## machine's packages and no registry: every GPU step reached and SKIPPED with its reason
+gpu-dry-run: gpu-pack
+	tests/gpu/dry_run.sh
 
 ## docs: regenerate the reference pages made from the code (docs/reference/cli.md from the argument
 ## parser, metrics.md from the metric families); `make test` fails while a committed page differs

@@ -15,6 +15,9 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,7 +29,7 @@ from trtserve.datatypes import DATATYPES
 from trtserve.errors import BackendError, InvalidRequest
 from trtserve.runtimes import cuda
 from trtserve.runtimes.base import Batch, StagingBuffers, pack, padded_shape, unpack, view_into
-from trtserve.runtimes.tensorrt import TensorRTBackend, unavailable_reason
+from trtserve.runtimes.tensorrt import TensorRTBackend, import_tensorrt, unavailable_reason
 from trtserve.runtimes.tensorrt_plan import ProfileBounds, check_profile, check_request, sidecar_problems
 from trtserve.spec import TensorSpec
 from trtserve.tools.build import convert_precision, unsupported_io, with_platform
@@ -37,6 +40,16 @@ RUNTIMES = ROOT / "service" / "trtserve" / "runtimes"
 SENTINEL = 0xAB
 
 no_gpu = pytest.mark.skipif(unavailable_reason() is None, reason="this machine has TensorRT and a CUDA device")
+
+
+def _tensorrt_missing() -> str | None:
+    """Why TensorRT cannot be used here (not installed, or installed without its libraries), or
+    ``None`` where it imports (a GPU machine, or a CPU machine with TensorRT and no driver)."""
+    try:
+        import_tensorrt()
+    except cuda.GpuUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def spec(name: str, datatype: str, dims: tuple[int, ...]) -> TensorSpec:
@@ -352,8 +365,49 @@ def test_cuda_layer_says_what_is_missing_in_one_clause():
         cuda.preflight()
     message = str(info.value)
     assert "(cuda" in message and "\n" not in message  # names the CUDA error, or that cuda-python is missing
-    reason = unavailable_reason()
-    assert reason is not None and "TensorRT is not installed" in reason
+    # TensorRT's clause where it is missing or cannot load; none where it imports without a driver
+    assert unavailable_reason() == " and ".join(c for c in (_tensorrt_missing(), message) if c)
+
+
+def test_concurrent_imports_of_a_tensorrt_that_fails_part_way_all_raise(tmp_path, monkeypatch):
+    # A `tensorrt` whose import fails part-way, as the real one does where its libraries are missing.
+    # The first import holds at a gate while the other threads arrive (the pause before opening it
+    # only gives them time to; no result depends on it); half of them import it bare, as code
+    # outside trtserve may. Every import_tensorrt() must raise, never hand back the half-initialised
+    # module (before the fix, the threads that arrived during the first import got it, no error).
+    gate = types.SimpleNamespace(started=threading.Event(), release=threading.Event())
+    monkeypatch.setitem(sys.modules, "_trtserve_test_gate", gate)  # type: ignore[arg-type]
+    (tmp_path / "tensorrt").mkdir()
+    (tmp_path / "tensorrt" / "__init__.py").write_text(
+        "import sys\n__version__ = '11.4.0.106'\ngate = sys.modules['_trtserve_test_gate']\n"
+        "gate.started.set()\ngate.release.wait(30)\n"
+        "raise ImportError('libnvinfer.so.11: cannot open shared object file: No such file or directory')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
+
+    def attempt(i: int) -> str:
+        if i % 2:
+            try:
+                import tensorrt  # noqa: F401
+            except ImportError:
+                pass
+            return "bare"
+        try:
+            import_tensorrt()
+        except cuda.GpuUnavailable as exc:
+            return str(exc)
+        return "a module and no error"
+
+    with ThreadPoolExecutor(16) as pool:
+        first = pool.submit(attempt, 0)
+        assert gate.started.wait(30)
+        rest = [pool.submit(attempt, i) for i in range(1, 16)]
+        time.sleep(0.2)
+        gate.release.set()
+        results = [r for r in (f.result() for f in (first, *rest)) if r != "bare"]
+    assert len(results) == 8
+    assert all(r.startswith("TensorRT is installed but cannot be loaded: ") for r in results), results
 
 
 def test_cuda_errors_carry_the_cuda_error_name():
@@ -410,7 +464,7 @@ def test_a_plan_model_is_not_ready_with_the_reason_while_others_serve(tmp_path, 
     assert states["tiny"][0] is ModelState.READY and states["both"][0] is ModelState.READY
     state, reason = states["planonly"]
     assert state is ModelState.UNAVAILABLE
-    assert "planonly/1/model.plan needs TensorRT and an NVIDIA GPU, but TensorRT is not installed" in reason
+    assert f"planonly/1/model.plan needs TensorRT and an NVIDIA GPU, but {unavailable_reason()}" in reason
     assert out["OUTPUT"].shape == (2, 16)
 
 
@@ -441,10 +495,48 @@ def test_cuda_stub_names_and_enum_values_exist_in_the_installed_cuda_python():
                     assert hasattr(getattr(rt, name)(), item.target.id), f"{name}.{item.target.id}"
 
 
-def test_tensorrt_stub_names_exist_in_the_installed_tensorrt():
-    trt = pytest.importorskip("tensorrt")  # only where TensorRT is installed (GPU machines)
-    for name in _stub_names(ROOT / "typings" / "tensorrt" / "__init__.pyi"):
-        assert hasattr(trt, name), f"typings/tensorrt names {name}, which this TensorRT lacks"
+def _stub_mismatches(body: list[ast.stmt], real: object, where: str) -> list[str]:
+    """What the stub's classes, methods, attributes and enum members in ``body`` say that the
+    real object ``real`` contradicts. Private and dunder names are the stub's own (protocols such
+    as ``__iter__`` and ``__buffer__`` hold by behaviour, not by attribute)."""
+    wrong: list[str] = []
+    for node in body:
+        name = (node.target.id if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                else getattr(node, "name", None))
+        if not isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AnnAssign)) or name is None or name.startswith("_"):
+            continue
+        if not hasattr(real, name):
+            wrong.append(f"{where}{name} is not in this TensorRT")
+            continue
+        if not isinstance(node, ast.ClassDef):
+            continue
+        cls = getattr(real, name)
+        bases = {ast.unparse(b) for b in node.bases}
+        if bases & {"_PybindEnum", "enum.Enum", "enum.IntEnum"}:
+            members = getattr(cls, "__members__", {})
+            for item in node.body:
+                if not isinstance(item, ast.Assign):
+                    continue
+                member = item.targets[0].id  # type: ignore[attr-defined]
+                stated = item.value.value if isinstance(item.value, ast.Constant) else ...
+                if member not in members:
+                    wrong.append(f"{where}{name}.{member} is not in this TensorRT")
+                elif stated is not ... and int(members[member]) != stated:
+                    wrong.append(f"{where}{name}.{member} is {int(members[member])}, the stub says {stated}")
+                elif ("enum.IntEnum" in bases) != isinstance(members[member], int):
+                    wrong.append(f"{where}{name}.{member}: int-ness differs (the stub's bases are {sorted(bases)})")
+        wrong += _stub_mismatches(node.body, cls, f"{where}{name}.")
+    return wrong
+
+
+def test_tensorrt_stub_names_and_enum_values_hold_in_the_installed_tensorrt():
+    # only where TensorRT imports (GPU machines, or `make trt-bindings-check` on a CPU machine)
+    try:
+        trt = import_tensorrt()
+    except cuda.GpuUnavailable as exc:
+        pytest.skip(str(exc))
+    tree = ast.parse((ROOT / "typings" / "tensorrt" / "__init__.pyi").read_text())
+    assert _stub_mismatches(tree.body, trt, "") == [], f"typings/tensorrt against TensorRT {trt.__version__}"
 
 
 def test_mypy_finds_no_errors_in_the_gpu_modules(request, tmp_path_factory):

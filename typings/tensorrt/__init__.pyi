@@ -1,14 +1,26 @@
 # Typing stub for exactly the TensorRT 11 Python names trtserve calls (runtimes/tensorrt.py,
-# tools/build.py), written from the TensorRT 11.x Python API reference.
+# tools/build.py), written from the TensorRT 11.x Python API reference and checked against the
+# real bindings of TensorRT 11.4.0.106 and 10.16.1.11 (`make trt-bindings-check`, which runs
+# tests/unit/test_tensorrt_cpu.py's stub test with the real bindings imported on a CPU machine).
 # Returns are Optional where TensorRT returns None on failure. Names removed in 11
 # (EXPLICIT_BATCH, BuilderFlag.FP16/BF16/INT8, device_memory_size, ...) are deliberately
 # absent, so using them is a type error. Keep this file to the names the project uses.
+#
+# TensorRT's enums are pybind11 enums: not ints (`Severity.ERROR == 1` is False and
+# `Severity.ERROR <= 1` raises TypeError), but `int()` and `__index__` give the number. They are
+# declared here as enum.Enum with `__int__`, never IntEnum. A member written `= ...` has a number
+# that differs between TensorRT releases (BuilderFlag.VERSION_COMPATIBLE is 13 in 10.16, 12 in
+# 11.4); a number written here is the same in both.
 import enum
 from collections.abc import Iterator, Sequence
 
 __version__: str
 
-class DataType(enum.Enum):
+class _PybindEnum(enum.Enum):  # type: ignore[misc]  # a base for the methods alone: no members
+    def __int__(self) -> int: ...
+    def __index__(self) -> int: ...
+
+class DataType(_PybindEnum):
     FLOAT = 0
     HALF = 1
     INT8 = 2
@@ -24,34 +36,34 @@ class DataType(enum.Enum):
     @property
     def itemsize(self) -> float: ...
 
-class TensorIOMode(enum.Enum):
+class TensorIOMode(_PybindEnum):
     NONE = 0
     INPUT = 1
     OUTPUT = 2
 
-class TensorLocation(enum.Enum):
+class TensorLocation(_PybindEnum):
     DEVICE = 0
     HOST = 1
 
-class ExecutionContextAllocationStrategy(enum.Enum):
+class ExecutionContextAllocationStrategy(_PybindEnum):
     STATIC = 0
     ON_PROFILE_CHANGE = 1
     USER_MANAGED = 2
 
-class MemoryPoolType(enum.Enum):
+class MemoryPoolType(_PybindEnum):
     WORKSPACE = 0
 
-class HardwareCompatibilityLevel(enum.Enum):
+class HardwareCompatibilityLevel(_PybindEnum):
     NONE = 0
     AMPERE_PLUS = 1
     SAME_COMPUTE_CAPABILITY = 2
 
-class BuilderFlag(enum.Enum):
-    VERSION_COMPATIBLE = 0
-    EXCLUDE_LEAN_RUNTIME = 1
+class BuilderFlag(_PybindEnum):
+    VERSION_COMPATIBLE = ...
+    EXCLUDE_LEAN_RUNTIME = ...
 
-class NetworkDefinitionCreationFlag(enum.IntEnum):
-    STRONGLY_TYPED = 0
+class NetworkDefinitionCreationFlag(_PybindEnum):
+    STRONGLY_TYPED = ...
 
 class Dims:
     def __init__(self, shape: Sequence[int] = ...) -> None: ...
@@ -62,7 +74,7 @@ class Dims:
 _Shape = Dims | Sequence[int]
 
 class ILogger:
-    class Severity(enum.IntEnum):
+    class Severity(_PybindEnum):
         INTERNAL_ERROR = 0
         ERROR = 1
         WARNING = 2
@@ -94,7 +106,7 @@ class INetworkDefinition:
     def get_input(self, index: int) -> ITensor: ...
     def get_output(self, index: int) -> ITensor: ...
 
-class IParserError:
+class ParserError:
     def code(self) -> object: ...
     def desc(self) -> str: ...
     def node(self) -> int: ...
@@ -107,7 +119,7 @@ class OnnxParser:
     def parse_from_file(self, model: str) -> bool: ...
     @property
     def num_errors(self) -> int: ...
-    def get_error(self, index: int) -> IParserError | None: ...
+    def get_error(self, index: int) -> ParserError | None: ...
 
 class IOptimizationProfile:
     def set_shape(self, input: str, min: _Shape, opt: _Shape, max: _Shape) -> None: ...

@@ -55,12 +55,12 @@ def runtime() -> ModuleType:
     """``cuda.bindings.runtime``, imported on first use.
 
     Raises:
-        GpuUnavailable: cuda-python is not installed.
+        GpuUnavailable: cuda-bindings is not installed.
     """
     try:
         from cuda.bindings import runtime as cudart
     except ImportError as exc:
-        raise GpuUnavailable(f"cuda-python is not installed ({INSTALL_HINT})") from exc
+        raise GpuUnavailable(f"cuda-bindings (cuda-python) is not installed ({INSTALL_HINT})") from exc
     return cudart
 
 

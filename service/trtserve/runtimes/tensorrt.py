@@ -29,12 +29,13 @@ import asyncio
 import collections
 import functools
 import logging
+import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -63,16 +64,34 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- availability
 
 
+_import_lock = threading.Lock()
+
+
 def import_tensorrt() -> Any:
-    """The ``tensorrt`` module, imported on first use.
+    """The ``tensorrt`` module, imported on first use; safe from any number of threads.
+
+    Python's import hands a module that is still initialising to a second importing thread once
+    the first finishes, even when the first failed: without care, a model loading beside another
+    whose ``import tensorrt`` failed part-way (its libraries missing) gets a half-initialised
+    module and no error. So the import is serialised here (each caller that finds no module makes
+    its own attempt and sees its own error), and the module is returned only if it is the one
+    left in ``sys.modules`` (an import started elsewhere that failed is refused too).
 
     Raises:
-        GpuUnavailable: TensorRT is not installed or its libraries cannot be loaded.
+        GpuUnavailable: TensorRT is not installed ("TensorRT is not installed (pip install ...)"),
+            or it is but cannot be loaded (its libraries are missing, or its import failed).
     """
-    try:
-        import tensorrt
-    except (ImportError, OSError) as exc:
-        raise GpuUnavailable(f"TensorRT is not installed ({INSTALL_HINT}): {exc}") from exc
+    with _import_lock:
+        try:
+            import tensorrt
+        except ModuleNotFoundError as exc:
+            if exc.name != "tensorrt":
+                raise GpuUnavailable(f"TensorRT is installed but cannot be loaded: {exc}") from exc
+            raise GpuUnavailable(f"TensorRT is not installed ({INSTALL_HINT})") from exc
+        except (ImportError, OSError) as exc:
+            raise GpuUnavailable(f"TensorRT is installed but cannot be loaded: {exc}") from exc
+    if sys.modules.get("tensorrt") is not tensorrt:
+        raise GpuUnavailable("TensorRT is installed but cannot be loaded: its import failed in another thread")
     return tensorrt
 
 
@@ -83,8 +102,8 @@ def unavailable_reason(device: int = 0) -> str | None:
     missing: list[str] = []
     try:
         import_tensorrt()
-    except GpuUnavailable:
-        missing.append(f"TensorRT is not installed ({INSTALL_HINT})")
+    except GpuUnavailable as exc:
+        missing.append(str(exc))
     try:
         cuda.preflight(device)
     except GpuUnavailable as exc:
@@ -118,6 +137,11 @@ class _LogLines:
             return [line for seq, line in self._lines if seq > mark]
 
 
+_errors = _LogLines()
+"""TensorRT's ERROR lines (the logger's ``errors``): kept apart from the logger so that a slot's
+marks need no TensorRT (the stand-in execution contexts of tests/gpu run without it)."""
+
+
 @functools.cache
 def logger() -> Any:
     """The process's one TensorRT logger (a ``trt.ILogger``): forwards to Python logging
@@ -127,7 +151,7 @@ def logger() -> Any:
     class CapturingLogger(trt.ILogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
-            self.errors = _LogLines()
+            self.errors = _errors
 
         def log(self, severity: trt.ILogger.Severity, msg: str) -> None:
             level = int(severity)
@@ -144,18 +168,31 @@ def logger() -> Any:
 
 def logged_errors(mark: int) -> str:
     """TensorRT's ERROR lines since ``mark``, joined for a message ("" if none)."""
-    lines = logger().errors.since(mark)
+    lines = _errors.since(mark)
     return ("; TensorRT said: " + " | ".join(lines[-3:])) if lines else ""
 
 
 # --------------------------------------------------------------------------- the backend
 
 
+class ExecutionContext(Protocol):
+    """What a slot calls on its execution context: the part of ``trt.IExecutionContext`` this
+    module uses (TensorRT's own, or a stand-in in tests/gpu). Names are tensor names; shapes
+    tuples of ints; addresses and streams integers (device pointers, ``cudaStream_t``)."""
+
+    def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> bool: ...
+    def set_input_shape(self, name: str, shape: Sequence[int]) -> bool: ...
+    def infer_shapes(self) -> list[str]: ...
+    def get_tensor_shape(self, name: str) -> Iterable[int]: ...
+    def set_tensor_address(self, name: str, memory: int) -> bool: ...
+    def execute_async_v3(self, stream_handle: int) -> bool: ...
+
+
 @dataclass
 class _Slot:
     """One execution slot: context, stream, event and buffers, touched only from its thread."""
 
-    context: trt.IExecutionContext
+    context: ExecutionContext
     profile: int
     stream: cuda.Stream
     event: cuda.Event
@@ -202,6 +239,9 @@ class TensorRTBackend:
             server cannot exchange, or a profile smaller than ``max_batch_size``.
     """
 
+    _runtime: trt.Runtime | None
+    _engine: trt.ICudaEngine | None
+
     def __init__(
         self,
         plan: Path,
@@ -235,13 +275,72 @@ class TensorRTBackend:
         except OSError as exc:
             raise BackendError(f"cannot read {self.plan}: {exc}") from exc
         cuda.set_device(device)
-        self._runtime, self._engine = _deserialize(data, self.plan, sidecar)
+        self._runtime, engine = _deserialize(data, self.plan, sidecar)
+        self._engine = engine
+        inputs, outputs, bounds = _introspect(engine, self.plan, batched)
+        self._start(
+            functools.partial(_create_context, engine), inputs, outputs, bounds,
+            slots=slots, batched=batched, max_batch_size=max_batch_size, pad_value=pad_value, device=device,
+        )
+        log.info("%s: TensorRT %s on %s (compute %s), %d slot(s)",
+                 self.plan, trt_mod.__version__, info.name, info.compute_capability, slots)
+
+    @classmethod
+    def on_contexts(
+        cls,
+        make_context: Callable[[int], ExecutionContext | None],
+        inputs: Sequence[TensorSpec],
+        outputs: Sequence[TensorSpec],
+        bounds: Sequence[Mapping[str, ProfileBounds]],
+        *,
+        name: str,
+        slots: int = 1,
+        batched: bool = True,
+        max_batch_size: int = 0,
+        pad_value: float = 0.0,
+        device: int = 0,
+    ) -> TensorRTBackend:
+        """The runtime over execution contexts that ``make_context(profile)`` makes, with no plan
+        and no TensorRT: the seam where tests/gpu drive the slots, buffers, streams and events of
+        this module on a real GPU with a stand-in context (a CUDA kernel launched on the slot's
+        stream over the addresses set on it). ``inputs``/``outputs`` are the tensors as a plan's
+        introspection gives them, ``bounds`` each profile's input bounds; ``name`` stands for the
+        plan's path in messages. The other arguments are the constructor's.
+
+        Raises:
+            GpuUnavailable: cuda-bindings, the driver or the device is missing.
+            BackendError: as the constructor, for what it checks after loading the plan.
+        """
+        cuda.preflight(device)
+        cuda.set_device(device)
+        self = cls.__new__(cls)
+        self.plan = Path(name)
+        self._runtime = self._engine = None
+        self._start(make_context, tuple(inputs), tuple(outputs), [dict(b) for b in bounds],
+                    slots=slots, batched=batched, max_batch_size=max_batch_size, pad_value=pad_value, device=device)
+        return self
+
+    def _start(
+        self,
+        make_context: Callable[[int], ExecutionContext | None],
+        inputs: tuple[TensorSpec, ...],
+        outputs: tuple[TensorSpec, ...],
+        bounds: list[dict[str, ProfileBounds]],
+        *,
+        slots: int,
+        batched: bool,
+        max_batch_size: int,
+        pad_value: float,
+        device: int,
+    ) -> None:
+        """Make the slots (one thread, context, stream, event and buffer set each)."""
+        self._make_context = make_context
         self.slots = slots
         self.batched = batched
         self.pad_value = pad_value
         self.device = device
-        self.inputs, self.outputs, self._bounds = _introspect(self._engine, self.plan, batched)
-        self._profiles = [i if self._engine.num_optimization_profiles >= slots else 0 for i in range(slots)]
+        self.inputs, self.outputs, self._bounds = inputs, outputs, bounds
+        self._profiles = [i if len(bounds) >= slots else 0 for i in range(slots)]
         self.max_batch_rows = (
             min(b.max[0] for p in set(self._profiles) for b in self._bounds[p].values()) if batched else None
         )
@@ -270,8 +369,6 @@ class TensorRTBackend:
             if isinstance(failure, BackendError):
                 raise failure
             raise BackendError(f"TensorRT cannot set up {self.plan}: {failure}") from failure
-        log.info("%s: TensorRT %s on %s (compute %s), %d slot(s)",
-                 self.plan, trt_mod.__version__, info.name, info.compute_capability, slots)
 
     # -- Backend protocol
 
@@ -294,10 +391,8 @@ class TensorRTBackend:
 
     def _make_slot(self, profile: int) -> _Slot:
         """Create one slot's context, stream, event and buffers (on the slot's own thread)."""
-        import tensorrt as trt
-
-        mark = logger().errors.mark()
-        context = self._engine.create_execution_context(trt.ExecutionContextAllocationStrategy.STATIC)
+        mark = _errors.mark()
+        context = self._make_context(profile)
         if context is None:
             raise BackendError(f"TensorRT cannot create an execution context for {self.plan}{logged_errors(mark)}")
         stream, event = cuda.Stream(), cuda.Event()
@@ -345,7 +440,7 @@ class TensorRTBackend:
         check_profile(shapes, self._bounds[slot.profile], batched=self.batched)
         packed = pack(batch, self.inputs, None, self.pad_value, out={n: b.array for n, b in slot.host_in.items()})
         context = slot.context
-        mark = logger().errors.mark()
+        mark = _errors.mark()
         try:
             for name, shape in shapes.items():
                 if not context.set_input_shape(name, shape):
@@ -410,8 +505,16 @@ class TensorRTBackend:
         for thread in getattr(self, "_threads", []):
             thread.shutdown(wait=True)
         # Contexts (released above) before the engine, the engine before the runtime.
-        self._engine = None  # type: ignore[assignment]
-        self._runtime = None  # type: ignore[assignment]
+        self._engine = None
+        self._runtime = None
+
+
+def _create_context(engine: trt.ICudaEngine, profile: int) -> ExecutionContext | None:
+    """TensorRT's execution context for a slot on ``profile`` (selected by the slot), its device
+    memory allocated now; ``None`` where TensorRT cannot make one (its errors are logged)."""
+    import tensorrt as trt
+
+    return engine.create_execution_context(trt.ExecutionContextAllocationStrategy.STATIC)
 
 
 def _deserialize(data: bytes, plan: Path, sidecar: Mapping[str, Any] | None) -> tuple[trt.Runtime, trt.ICudaEngine]:
@@ -476,7 +579,7 @@ def _introspect(
     return tuple(inputs), tuple(outputs), bounds
 
 
-def _infer(context: trt.IExecutionContext, plan: Path, mark: int) -> None:
+def _infer(context: ExecutionContext, plan: Path, mark: int) -> None:
     try:
         missing = context.infer_shapes()
     except RuntimeError as exc:
