@@ -135,7 +135,9 @@ def test_the_curl_lines_run_verbatim(readme_server):
 
 def test_the_python_examples_run_verbatim(readme_server):
     srv, url = readme_server
-    assert len(blocks("python")) == 3, "a python block this test does not run"
+    # Four: the two below, tritonclient.grpc's (test_the_grpc_example_runs_verbatim) and the queue
+    # door's (tests/integration/test_queue_door.py, against a real redis-server).
+    assert len(blocks("python")) == 4, "a python block no test runs"
     scope: dict = {}
     exec(compile(python_block("tritonclient.http").replace(README_ADDRESS, url), "tritonclient.http example", "exec"),
          scope)
