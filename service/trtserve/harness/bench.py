@@ -39,6 +39,11 @@ for each model:
    its HTTP door, ``--allow-http true --http-port 0``): sentence embeddings through
    ``POST /v1/embeddings``, requests of 1 and of 32 corpus sentences, closed loop at each
    ``--concurrency``; texts/s, p50/p99, errors and the server's CPU per text.
+10. ``gpu-shaped`` (``benchlib.gpushaped``; a server of its own, whatever ``--models``): the
+    ``slow`` model copied with a GPU-like curve (4 ms + 0.1 ms a row, max batch 64, asleep),
+    requests of ``--gpu-rows`` rows: closed loop against the engine's capacity, open loop at 80 %
+    of it against the simulator's ideal, overload and mixed deadlines at multiples of it; with
+    ``--peer triton``, the Triton peer on the same ``model.py`` too, the same traces.
 
 The open-loop unary calls (open sweep, overload, mixed) come from the Go load generator
 (``clients/go/loadgen``, ``make loadgen``; ``benchlib.goclient``) when it is built, else, with
