@@ -39,6 +39,11 @@ for each model:
    its HTTP door, ``--allow-http true --http-port 0``): sentence embeddings through
    ``POST /v1/embeddings``, requests of 1 and of 32 corpus sentences, closed loop at each
    ``--concurrency``; texts/s, p50/p99, errors and the server's CPU per text.
+10. ``gpu-shaped`` (``benchlib.gpushaped``; a server of its own, whatever ``--models``): the
+    ``slow`` model copied with a GPU-like curve (4 ms + 0.1 ms a row, max batch 64, asleep),
+    requests of ``--gpu-rows`` rows: closed loop against the engine's capacity, open loop at 80 %
+    of it against the simulator's ideal, overload and mixed deadlines at multiples of it; with
+    ``--peer triton``, the Triton peer on the same ``model.py`` too, the same traces.
 
 The open-loop unary calls (open sweep, overload, mixed) come from the Go load generator
 (``clients/go/loadgen``, ``make loadgen``; ``benchlib.goclient``) when it is built, else, with
@@ -108,6 +113,13 @@ from trtserve.harness.benchlib.embeddings import (
 )
 from trtserve.harness.benchlib.floor import floor_targets
 from trtserve.harness.benchlib.goclient import LOADGEN, GoLoadgen, unavailable_reason
+from trtserve.harness.benchlib.gpushaped import (
+    GPU_MODE,
+    ROWS_PER_REQUEST,
+    format_gpu_table,
+    gpu_shaped_points,
+    gpu_targets,
+)
 from trtserve.harness.benchlib.httpclient import RestClient
 from trtserve.harness.benchlib.infinity import infinity_points
 from trtserve.harness.benchlib.load import LoadGenerator, open_channels
@@ -172,7 +184,7 @@ full-batch requests go up to this many rows: past a CPU engine's knee (16-32 row
 DEFAULT_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 POLICY_MODE = "policy"
 """The ``--modes`` item that runs the dispatch-policy comparison."""
-ALL_MODES = (*MODES, POLICY_MODE, OVERLOAD_MODE, MIXED_MODE, REFUSAL_MODE, EMBEDDINGS_MODE)
+ALL_MODES = (*MODES, POLICY_MODE, OVERLOAD_MODE, MIXED_MODE, REFUSAL_MODE, EMBEDDINGS_MODE, GPU_MODE)
 CLIENTS = ("auto", "go", "python")
 """``--client``: the open loop's unary client; ``auto`` is the Go binary when it is built."""
 
@@ -288,6 +300,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "'auto' (go when built; default)")
     add("--serve-args", default="",
         help="more 'trtserve serve' flags for the server under test, one string (e.g. '--max-inflight-rpcs 8')")
+    add("--gpu-rows", type=_ints, default=list(ROWS_PER_REQUEST),
+        help=f"mode '{GPU_MODE}': rows per request, one set of points each, comma-separated "
+             f"(default: {','.join(map(str, ROWS_PER_REQUEST))})")
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; returns 0 when every point ran (targets missed or not)."""
@@ -296,8 +311,10 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in args.modes if m not in ALL_MODES]
     if unknown:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {','.join(ALL_MODES)}")
-    if "triton" in args.peer and SWEEP_MODE not in args.modes:
-        raise SystemExit(f"--peer triton runs the {SWEEP_MODE} sweep; add it to --modes")
+    if "triton" in args.peer and SWEEP_MODE not in args.modes and GPU_MODE not in args.modes:
+        raise SystemExit(f"--peer triton runs the {SWEEP_MODE} sweep and the {GPU_MODE} mode; add one to --modes")
+    # Every mode but gpu-shaped (which serves a model of its own) drives the server on --models.
+    main = [m for m in args.modes if m != GPU_MODE]
     embeddings = EMBEDDINGS_MODE in args.modes and EMBEDDINGS_MODEL in args.models
     if "infinity" in args.peer and not embeddings:
         raise SystemExit(f"--peer infinity runs the {EMBEDDINGS_MODE} mode on {EMBEDDINGS_MODEL}; add them to "
@@ -312,23 +329,29 @@ def run(args: argparse.Namespace) -> int:
                          f"none of which is in --models ({','.join(args.models)})")
     use_go = _open_loop_client(args.client)
     rng = np.random.default_rng(args.seed)
-    texts = load_texts(args.data, args.requests, rng) if (args.data / CORPUS).is_file() else []
-    workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng) for m in args.models}
+    texts = load_texts(args.data, args.requests, rng) if main and (args.data / CORPUS).is_file() else []
+    workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng) for m in args.models} \
+        if main else {}
     args.out.mkdir(parents=True, exist_ok=True)
-    serve_args = (*(("--frontends", args.frontends) if args.frontends else ()),
-                  *(("--allow-http", "true", "--http-port", "0") if HTTP in args.protocol or embeddings else ()),
-                  *shlex.split(args.serve_args))
-    with ServerProcess(args.model_repository, *serve_args) as server:
-        http = f", HTTP at {server.http_url}" if server.http_url else ""
-        print(f"server under test: pid {server.pid} at {server.url}{http}", flush=True)
-        raws, points = asyncio.run(_bench(args, workloads, server, rng, use_go))
-        embedding_points = trtserve_points(args, server, texts) if embeddings else []
+    frontends = ("--frontends", args.frontends) if args.frontends else ()
+    raws: dict[str, RawReference] = {}
+    points: list[Point] = []
+    embedding_points = []
+    if main:
+        serve_args = (*frontends,
+                      *(("--allow-http", "true", "--http-port", "0") if HTTP in args.protocol or embeddings else ()),
+                      *shlex.split(args.serve_args))
+        with ServerProcess(args.model_repository, *serve_args) as server:
+            http = f", HTTP at {server.http_url}" if server.http_url else ""
+            print(f"server under test: pid {server.pid} at {server.url}{http}", flush=True)
+            raws, points = asyncio.run(_bench(args, workloads, server, rng, use_go))
+            embedding_points = trtserve_points(args, server, texts) if embeddings else []
     if args.floor and SWEEP_MODE in args.modes:
         with null_server() as floor:
             print(f"null server (the transport's floor): pid {floor.pid} at {floor.url}, HTTP at {floor.http_url}",
                   flush=True)
             points += asyncio.run(_peer_sweep(args, workloads, raws, floor, FLOOR))
-    if "triton" in args.peer:
+    if "triton" in args.peer and SWEEP_MODE in args.modes:
         try:
             peer = triton_peer(args.out / "triton", [w.spec for w in workloads.values()])
         except PeerSetupError as exc:
@@ -339,6 +362,8 @@ def run(args: argparse.Namespace) -> int:
             points += asyncio.run(_peer_sweep(args, workloads, raws, peer, "triton"))
     if "infinity" in args.peer:
         embedding_points += infinity_points(args, [w.spec for w in workloads.values()], texts)
+    gpu_points, ideals = (gpu_shaped_points(args, (*frontends, *shlex.split(args.serve_args)), use_go)
+                          if GPU_MODE in args.modes else ([], {}))
 
     print()
     print(format_tables(points, raws))
@@ -349,10 +374,11 @@ def run(args: argparse.Namespace) -> int:
     print(format_mixed_table(points))
     print(format_refusal_table(points))
     print(format_embeddings_table(embedding_points))
+    print(format_gpu_table(gpu_points, ideals))
     targets = (check_targets(points, raws) + anchor_targets(points, raws) + protocol_targets(points)
                + floor_targets(points)
                + policy_targets(points) + overload_targets(points) + mixed_targets(points) + refusal_targets(points)
-               + embeddings_targets(embedding_points))
+               + embeddings_targets(embedding_points) + gpu_targets(gpu_points, ideals))
     print("targets:")
     for target in targets:
         print("  " + target.line())
@@ -377,6 +403,7 @@ def run(args: argparse.Namespace) -> int:
         "raw": {m: r.summary() for m, r in raws.items()},
         "points": [dataclasses.asdict(p) for p in points],
         "embeddings": [dataclasses.asdict(p) for p in embedding_points],
+        GPU_MODE: {"points": [dataclasses.asdict(p) for p in gpu_points], "simulator_ideal_misses": ideals},
         "targets": [dataclasses.asdict(t) for t in targets],
         "wall_s": wall_s,
     }

@@ -4,8 +4,8 @@ The real :class:`~trtserve.batching.dispatcher.Dispatcher` runs unchanged; only 
 engine and the host are simulated, by the doubles of :mod:`trtserve.testing`.
 :class:`~trtserve.testing.FakeBackend` takes ``latency(rows)`` seconds of fake time per batch
 (e.g. a + b·rows, measured or given); arrivals follow a Poisson or bursty trace, each request
-one row with its own deadline. Every policy sees the same trace, so the comparison is exact
-and repeatable: goodput (answers within their deadline per second), deadline-miss rate (also
+one row (or a given number of rows) with its own deadline. Every policy sees the same trace, so
+the comparison is exact and repeatable: goodput (answers within their deadline per second), deadline-miss rate (also
 per deadline budget), engine time spent on rows that finished after their deadline (trtserve
 must spend none), mean batch size and latency percentiles.
 
@@ -93,13 +93,15 @@ async def simulate(
     latency: Callable[[int], float],
     slots: int = 1,
     host: HostCost | None = None,
+    rows: int = 1,
 ) -> SimResult:
     """Run ``arrivals`` (seconds, ascending) through a dispatcher with ``policy``.
 
     Args:
         deadline: each request's budget after its arrival (seconds): one for all, or one each.
-        latency: engine seconds of a batch of ``rows`` rows.
+        latency: engine seconds of a batch of n rows, ``latency(n)``.
         host: host cost (:class:`HostCost`); ``None`` for a free host.
+        rows: rows in each request (a request is answered when its last row has run).
 
     The dispatcher's latency model is seeded with the engine's run time at powers of two up
     to ``max_batch_size``, as the server's warm-up profile does (with a host, plus its
@@ -122,7 +124,7 @@ async def simulate(
 
     def submit(i: int) -> None:
         try:
-            future = dispatcher.submit([{"x": np.array([[i]], dtype=np.float32)}], deadline=due[i])
+            future = dispatcher.submit([{"x": np.full((rows, 1), i, dtype=np.float32)}], deadline=due[i])
         except TrtServeError:
             return
         future.add_done_callback(lambda f: _finished(f, i, clock, done))

@@ -9,12 +9,15 @@ onnxruntime, the handlers' libraries) and a path holding only the ``trtserve`` p
 the bench (the peer cannot parse ``config.pbtxt`` itself: trtserve's generated
 ``inference`` protos and tritonclient's, which PyTriton imports, claim the same names in
 protobuf's default pool). For each model: the same ``model.onnx`` in an ONNX Runtime session with the
-server's own session options, bound to Triton with the model's configured inputs, outputs
-and ``max_batch_size`` and Triton's dynamic batcher (``MAX_QUEUE_DELAY_US`` µs). A batch
-Triton forms goes through the model's handler (``preprocess``: tokenization for minilm),
-is packed and padded by trtserve's own ``pack`` (so the engine sees the feeds the bench's
-raw reference times) and cut back with ``unpack`` and ``postprocess``. So both servers
-take the very same request bytes and do the same work per row.
+server's own session options (a Python model, platform ``python``: the same ``model.py``, its
+``Model`` set up with the same spec and its ``predict`` called on each batch), bound to Triton
+with the model's configured inputs, outputs and ``max_batch_size`` and Triton's dynamic batcher
+(``MAX_QUEUE_DELAY_US`` µs; a request's ``timeout`` parameter honoured, as trtserve honours it:
+the default queue policy allows the override and rejects a request whose timeout passes in the
+queue). A batch Triton forms for an ONNX model goes through the model's handler
+(``preprocess``: tokenization for minilm), is packed and padded by trtserve's own ``pack`` (so
+the engine sees the feeds the bench's raw reference times) and cut back with ``unpack`` and
+``postprocess``. So both servers take the very same request bytes and do the same work per row.
 
 Prints ``HTTP on 127.0.0.1:PORT`` (Triton's HTTP door) and then ``listening on
 127.0.0.1:PORT`` (the gRPC port) once Triton serves, and stops
@@ -24,6 +27,7 @@ pytriton and the parts of trtserve without grpc or protobuf.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import signal
@@ -36,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from pytriton.decorators import batch
-from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor
 from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
 from trtserve.handlers import load_handler
@@ -64,8 +68,29 @@ def _tensor(spec: TensorSpec) -> Tensor:
     return Tensor(name=spec.name, dtype=dtype, shape=tuple(spec.dims), optional=spec.optional)
 
 
+def _python_model_func(spec: ModelSpec):
+    """The batch function of a Python model: ``<version_dir>/model.py``'s ``Model``, set up with
+    ``spec`` (what trtserve's python runtime hands it), its ``predict`` on each batch."""
+    module_spec = importlib.util.spec_from_file_location(f"peer_model_{spec.name}", spec.version_dir / "model.py")
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot import {spec.version_dir / 'model.py'}")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    model = module.Model()
+    model.setup(spec)
+
+    @batch
+    def infer(**inputs: np.ndarray) -> dict[str, np.ndarray]:
+        return model.predict(inputs)
+
+    return infer
+
+
 def _infer_func(spec: ModelSpec):
-    """The batch function of one model: handler, pack, ONNX Runtime, unpack, handler."""
+    """The batch function of one model: handler, pack, ONNX Runtime, unpack, handler (a Python
+    model: :func:`_python_model_func`)."""
+    if spec.platform == "python":
+        return _python_model_func(spec)
     path = spec.version_dir / "model.onnx"
     session = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
     engine_inputs, engine_outputs = engine_tensors(session, True, path)
@@ -106,7 +131,8 @@ def main(argv: list[str]) -> int:
                 model_name=spec.name, infer_func=_infer_func(spec),
                 inputs=[_tensor(t) for t in spec.inputs], outputs=[_tensor(t) for t in spec.outputs],
                 config=ModelConfig(max_batch_size=spec.policy.max_batch_size,
-                                   batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us)),
+                                   batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us,
+                                                          default_queue_policy=QueuePolicy(allow_timeout_override=True))),
                 strict=True,
             )
         triton.run()

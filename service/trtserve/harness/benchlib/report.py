@@ -211,7 +211,7 @@ class Point:
             of the server and of the bench process.
         send_lag_p99_ms: open loop: p99 of how late the generator sent a request after its
             scheduled arrival (ms); None for the closed loop.
-        policy, server, connections, classes: as in :class:`Measurement`.
+        policy, server, connections, classes, rows_per_request: as in :class:`Measurement`.
         rss_start_mib, rss_end_mib: the server tree's resident memory (MiB) at the start of
             the window and after its last answer; None where not read.
     """
@@ -244,6 +244,7 @@ class Point:
     rss_start_mib: float | None = None
     rss_end_mib: float | None = None
     classes: tuple[DeadlineClass, ...] = ()
+    rows_per_request: int = 1
 
 
 def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
@@ -291,6 +292,7 @@ def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
         rss_start_mib=m.before.server_rss_mib,
         rss_end_mib=m.after.server_rss_mib,
         classes=m.classes,
+        rows_per_request=m.rows_per_request,
     )
 
 

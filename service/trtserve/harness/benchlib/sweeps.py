@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 import numpy as np
@@ -52,19 +52,20 @@ than any point."""
 
 async def closed_unary(
     args: argparse.Namespace, gen: LoadGenerator, workload: Workload, raw: RawReference, mode: str,
-    server: str = SERVER,
+    server: str = SERVER, callers: Sequence[int] | None = None,
 ) -> AsyncIterator[Point]:
-    """The closed-loop unary sweep over ``--concurrency``, as points of ``mode`` and ``server``,
-    over the generator's door (:attr:`.LoadGenerator.protocol`)."""
+    """The closed-loop unary sweep over ``callers`` (default ``--concurrency``), as points of
+    ``mode`` and ``server``, over the generator's door (:attr:`.LoadGenerator.protocol`)."""
     model = workload.spec.name
-    count = max(len(workload.requests), max(args.concurrency) + 1)
+    sweep = args.concurrency if callers is None else callers
+    count = max(len(workload.requests), max(sweep) + 1)
     http = gen.protocol == HTTP
     messages = workload.rest_requests(count) if http else workload.messages(count)
-    for concurrency in args.concurrency:
+    for concurrency in sweep:
         window = await gen.closed_unary(model, messages, concurrency)
         # HTTP/1.1: one request at a time per connection, so each caller in flight holds its own.
         connections = min(concurrency, gen.connections) if http else gen.connections
-        yield to_point(model, mode, concurrency, None, None, window, raw, server=server, connections=connections)
+        yield to_point(workload, mode, concurrency, None, None, window, raw, server=server, connections=connections)
         await asyncio.sleep(SETTLE_S)
 
 
@@ -81,7 +82,7 @@ async def mode_points(
     connections = 1 if stream else gen.connections
 
     def point(load: float, fraction: float | None, deadline_us: int | None, window: Window) -> Point:
-        return to_point(model, mode, load, fraction, deadline_us, window, raw, connections=connections)
+        return to_point(workload, mode, load, fraction, deadline_us, window, raw, connections=connections)
 
     if loop == "closed" and not stream:
         async for p in closed_unary(args, gen, workload, raw, mode):
@@ -127,7 +128,7 @@ async def find_capacity(args: argparse.Namespace, gen: LoadGenerator, workload: 
     else:
         window = await quick.closed_unary(model, workload.messages(count), callers)
     connections = 1 if transport == "stream" else gen.connections
-    point = to_point(model, modes[1], callers, None, None, window, raw, connections=connections)
+    point = to_point(workload, modes[1], callers, None, None, window, raw, connections=connections)
     done.append(point)
     print(f"{model:8} {modes[1]:13} {format_row(point)}", flush=True)
     await asyncio.sleep(SETTLE_S)
@@ -164,12 +165,12 @@ async def policy_points(
                     await set_policy(channel, model, choice.adaptive, choice.max_queue_delay_us)
                     if mode == CLOSED_MODE:
                         window = await measure.closed_unary(model, closed, row)
-                        yield to_point(model, mode, row, None, None, window, raw, policy=choice.label,
+                        yield to_point(workload, mode, row, None, None, window, raw, policy=choice.label,
                                        connections=gen.connections)
                     else:
                         fraction, arrivals, messages = row
                         window = await measure.open_stream(model, messages, arrivals, timeout_us / 1e6)
-                        yield to_point(model, mode, fraction * capacity, fraction, timeout_us, window, raw,
+                        yield to_point(workload, mode, fraction * capacity, fraction, timeout_us, window, raw,
                                        policy=choice.label)
                     await asyncio.sleep(SETTLE_S)
 
@@ -186,10 +187,15 @@ async def _policy_restored(channel: grpc.aio.Channel, model: str) -> AsyncIterat
 
 async def _under_policies(
     args: argparse.Namespace, channel: grpc.aio.Channel, model: str,
-    run: Callable[[PolicyChoice], Awaitable[list[Point]]],
+    run: Callable[[PolicyChoice | None], Awaitable[list[Point]]], own_policy: bool = False,
 ) -> AsyncIterator[Point]:
     """``run`` under each policy of ``--policies`` in turn, its points as they come; the
-    model's own policy restored at the end."""
+    model's own policy restored at the end. With ``own_policy``, ``run(None)`` once under the
+    policy the server already runs (a peer's, which ``SetPolicy`` cannot reach), nothing set."""
+    if own_policy:
+        for point in await run(None):
+            yield point
+        return
     async with _policy_restored(channel, model):
         for choice in args.policies:
             await set_policy(channel, model, choice.adaptive, choice.max_queue_delay_us)
@@ -199,41 +205,50 @@ async def _under_policies(
 
 async def overload_points(
     args: argparse.Namespace, channel: grpc.aio.Channel, gen: LoadGenerator, workload: Workload, raw: RawReference,
-    done: list[Point], rng: np.random.Generator,
+    done: list[Point], rng: np.random.Generator, *, capacity: float | None = None, mode: str = OVERLOAD_MODE,
+    server: str = SERVER, own_policy: bool = False,
 ) -> AsyncIterator[Point]:
     """Mode ``overload`` for one model: per multiple of the unary capacity one Poisson trace,
     replayed under each policy, multiples ascending; every request's gRPC deadline and
-    ``timeout`` parameter 10× the raw batch-of-one run time, at least 5 ms."""
+    ``timeout`` parameter 10× the raw batch-of-one run time, at least 5 ms.
+
+    ``capacity`` (requests/s) replaces the measured one (:func:`find_capacity`); the points are
+    of ``mode`` and ``server``; ``own_policy``: see :func:`_under_policies`."""
     model = workload.spec.name
-    capacity = (await find_capacity(args, gen, workload, raw, "unary", done)).rows_per_s
+    if capacity is None:
+        capacity = (await find_capacity(args, gen, workload, raw, "unary", done)).rows_per_s
     timeout_us = deadline_us(raw.batch1_ms, OVERLOAD_DEADLINE_FACTOR)
     messages = workload.messages(timeout_us=timeout_us)
     span = gen.warmup_s + args.overload_duration + SCHEDULE_SLACK_S
     traces = [(m, poisson_arrivals(m * capacity, span, rng)) for m in sorted(args.overload_multiples)]
     measure = gen.with_duration(args.overload_duration)
 
-    async def sweep(choice: PolicyChoice) -> list[Point]:
+    async def sweep(choice: PolicyChoice | None) -> list[Point]:
         points = []
         for multiple, arrivals in traces:
             window = await measure.open_unary(model, messages, arrivals, timeout_us / 1e6, grpc_deadline=True)
             one = deadline_class("all", timeout_us, window.seconds, window.latency_us, window.codes, window.late_mask)
-            points.append(to_point(model, OVERLOAD_MODE, multiple * capacity, multiple, timeout_us, window, raw,
-                                   policy=choice.label, connections=gen.connections, classes=(one,)))
+            points.append(to_point(workload, mode, multiple * capacity, multiple, timeout_us, window, raw,
+                                   policy=choice.label if choice else None, server=server, connections=gen.connections,
+                                   classes=(one,)))
             await asyncio.sleep(OVERLOAD_SETTLE_S)
         return points
 
-    async for point in _under_policies(args, channel, model, sweep):
+    async for point in _under_policies(args, channel, model, sweep, own_policy):
         yield point
 
 
 async def mixed_points(
     args: argparse.Namespace, channel: grpc.aio.Channel, gen: LoadGenerator, workload: Workload, raw: RawReference,
-    done: list[Point], rng: np.random.Generator,
+    done: list[Point], rng: np.random.Generator, *, capacity: float | None = None, mode: str = MIXED_MODE,
+    server: str = SERVER, own_policy: bool = False,
 ) -> AsyncIterator[Point]:
     """Mode ``mixed`` for one model: one Poisson trace at 65 % of the unary capacity, each
-    arrival tight or loose at random (half each), replayed under each policy."""
+    arrival tight or loose at random (half each), replayed under each policy. ``capacity``,
+    ``mode``, ``server`` and ``own_policy`` as in :func:`overload_points`."""
     model = workload.spec.name
-    capacity = (await find_capacity(args, gen, workload, raw, "unary", done)).rows_per_s
+    if capacity is None:
+        capacity = (await find_capacity(args, gen, workload, raw, "unary", done)).rows_per_s
     budgets = mixed_deadlines_us(deadline_us(raw.batch1_ms, MIXED_FACTORS[TIGHT]))
     arrivals = poisson_arrivals(MIXED_FRACTION * capacity, gen.warmup_s + args.mixed_duration + SCHEDULE_SLACK_S, rng)
     tight = rng.random(len(arrivals)) < 0.5
@@ -243,7 +258,7 @@ async def mixed_points(
     deadlines_s = [budgets[TIGHT if t else LOOSE] / 1e6 for t in tight]
     measure = gen.with_duration(args.mixed_duration)
 
-    async def run(choice: PolicyChoice) -> list[Point]:
+    async def run(choice: PolicyChoice | None) -> list[Point]:
         window = await measure.open_unary(model, messages, arrivals, deadlines_s, grpc_deadline=True)
         mask = tight[window.keys]
         classes = tuple(
@@ -251,12 +266,13 @@ async def mixed_points(
                            [c for c, k in zip(window.codes, keep) if k], window.late_mask[keep])
             for name, keep in ((TIGHT, mask), (LOOSE, ~mask))
         )
-        point = to_point(model, MIXED_MODE, MIXED_FRACTION * capacity, MIXED_FRACTION, None, window, raw,
-                         policy=choice.label, connections=gen.connections, classes=classes)
+        point = to_point(workload, mode, MIXED_FRACTION * capacity, MIXED_FRACTION, None, window, raw,
+                         policy=choice.label if choice else None, server=server, connections=gen.connections,
+                         classes=classes)
         await asyncio.sleep(OVERLOAD_SETTLE_S)
         return [point]
 
-    async for point in _under_policies(args, channel, model, run):
+    async for point in _under_policies(args, channel, model, run, own_policy):
         yield point
 
 
@@ -282,7 +298,7 @@ async def refusal_points(
                 async with _queue_held_full(channel, model, parked) if kind == REFUSED else contextlib.nullcontext():
                     window = await g.closed_unary(model, messages, callers)
                 connections = min(callers, g.connections) if door == HTTP else g.connections
-                yield to_point(model, LOOP_MODES[door][kind], callers, None, None, window, raw,
+                yield to_point(workload, LOOP_MODES[door][kind], callers, None, None, window, raw,
                                connections=connections)
                 await asyncio.sleep(SETTLE_S)
 
@@ -307,13 +323,15 @@ async def _queue_held_full(channel: grpc.aio.Channel, model: str, message: bytes
             call.cancel()
 
 
-def to_point(model: str, mode: str, load: float, fraction: float | None, timeout_us: int | None, window: Window,
-             raw: RawReference, policy: str | None = None, server: str = SERVER, connections: int = 1,
+def to_point(workload: Workload, mode: str, load: float, fraction: float | None, timeout_us: int | None,
+             window: Window, raw: RawReference, policy: str | None = None, server: str = SERVER, connections: int = 1,
              classes: tuple[DeadlineClass, ...] = ()) -> Point:
-    """One measured window as a report point, its rows/s set against the raw best-batch rows/s
-    (``load``: callers or arrivals/s; ``timeout_us``: the requests' deadline, if they had one)."""
+    """One measured window of ``workload``'s requests as a report point, its rows/s set against the
+    raw best-batch rows/s (``load``: callers or arrivals/s; ``timeout_us``: the requests' deadline,
+    if they had one)."""
     return summarize(Measurement(
-        model=model, mode=mode, load=load, fraction=fraction, window_s=window.seconds, rows_per_request=1,
+        model=workload.spec.name, mode=mode, load=load, fraction=fraction, window_s=window.seconds,
+        rows_per_request=workload.rows_per_request,
         latency_us=window.latency_us, codes=window.codes, late=window.late, deadline_us=timeout_us,
         send_lag_us=window.send_lag_us, before=window.before, after=window.after, policy=policy,
         server=server, connections=connections, classes=classes,

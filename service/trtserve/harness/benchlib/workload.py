@@ -84,6 +84,25 @@ class Workload:
         return dataclasses.replace(self, spec=dataclasses.replace(self.spec, policy=policy))
 
     @property
+    def rows_per_request(self) -> int:
+        """Rows (batch dim) of each request."""
+        return len(next(iter(self.requests[0].values())))
+
+    def grouped(self, rows: int) -> Workload:
+        """This workload's rows as requests of ``rows`` consecutive rows each (the last rows that
+        fill no request are left out); the engine rows (:attr:`segments`) are unchanged.
+
+        Raises:
+            ValueError: ``rows`` below 1, or more than the workload's rows.
+        """
+        singles = [one for request in self.requests for one in _split(request)]
+        if not 1 <= rows <= len(singles):
+            raise ValueError(f"{len(singles)} rows cannot make requests of {rows} rows")
+        requests = tuple({name: np.concatenate([s[name] for s in singles[i : i + rows]]) for name in singles[0]}
+                         for i in range(0, len(singles) - rows + 1, rows))
+        return dataclasses.replace(self, requests=requests)
+
+    @property
     def onnx_path(self) -> Path:
         return self.spec.version_dir / "model.onnx"
 
@@ -120,6 +139,12 @@ class Workload:
             if len(feeds) == limit:
                 break
         return feeds
+
+
+def _split(request: Tensors) -> list[Tensors]:
+    """A request's rows as one-row requests."""
+    rows = len(next(iter(request.values())))
+    return [{name: arr[i : i + 1] for name, arr in request.items()} for i in range(rows)]
 
 
 def build_workload(model_dir: Path, count: int, texts: Sequence[str], rng: np.random.Generator) -> Workload:
