@@ -187,17 +187,18 @@ class FrontendState:
                      received: float) -> tuple[pb.ModelInferResponse, bool]:
         model = await self.table.get(request.model_name, request.model_version)
         spec = model.spec
-        priority, timeout, final = request_parameters(request)
-        ask = Ask(priority, timeout, transport_deadline, received)
+        params = request_parameters(request)
+        ask = Ask(params.priority, params.timeout, transport_deadline, received)
         # Shed before decoding: what cannot finish in time costs no more work here.
         self.engine.shed(spec.name, ask, self.clock.now())
         inputs, _rows = codec.decode_inputs(request, spec, max_elements=self.max_request_elements)
         chosen = codec.requested_outputs(request, spec)
-        outputs, deadline, version = await model.infer(inputs, ask, version=request.model_version)
+        outputs, deadline, version = await model.infer(inputs, ask, version=request.model_version,
+                                                       long_text=params.long_text)
         late = self.clock.now() > deadline
         response = codec.encode_response(spec, request.id, outputs, chosen)
         response.model_version = version  # the version that answered (across a reload, maybe a newer one)
-        if final:  # each request of a model that is not decoupled gets one response: the final one
+        if params.final:  # each request of a model that is not decoupled gets one response: the final one
             response.parameters["triton_final_response"].bool_param = True
         size = response.ByteSize()
         if size > self.max_send_bytes:
