@@ -58,9 +58,10 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from trtserve.datatypes import Tensors
+from trtserve.protocol.tokenize import Token
 from trtserve.spec import ModelSpec
 
 HANDLER_FILE = "handler.py"
@@ -81,21 +82,6 @@ class Fanout:
 
     segments: list[Tensors]
     gather: Callable[[list[Tensors]], Tensors]
-
-
-class Token(NamedTuple):
-    """One token of a text as the model's tokenizer makes it (what ``POST /tokenize`` lists)."""
-
-    id: int
-    """Its index in the tokenizer's vocabulary."""
-    text: str
-    """The token as the vocabulary spells it (``##ing`` for a word piece that continues a word)."""
-    special: bool
-    """Added by the tokenizer ([CLS], [SEP]), not read from the text."""
-    start: int | None
-    """Offset of its first character in the text (Python string index); None for a special token."""
-    stop: int | None
-    """Offset one past its last character; None for a special token."""
 
 
 def has_handler(spec: ModelSpec) -> bool:
@@ -121,3 +107,6 @@ def load_handler(spec: ModelSpec) -> Any | None:
     sys.modules[module_name] = module
     module_spec.loader.exec_module(module)
     return module.Handler(spec.model_dir, spec)
+
+
+__all__ = ["HANDLER_FILE", "Fanout", "Token", "has_handler", "load_handler"]

@@ -11,6 +11,7 @@ The handler contract is in :mod:`trtserve.handlers`.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,7 +20,7 @@ import numpy as np
 
 from trtserve.datatypes import Tensors
 from trtserve.errors import BackendError, InvalidRequest, TrtServeError
-from trtserve.handlers import Fanout, load_handler
+from trtserve.handlers import Fanout, Token, load_handler
 from trtserve.ipc.admission import UNTIMED, Ask
 from trtserve.protocol.parameters import CHUNK, TRUNCATE
 from trtserve.spec import ModelSpec
@@ -99,6 +100,22 @@ class FrontendModel:
         if not self.spec.batched:
             out = {name: arr[0] for name, arr in out.items()}
         return out, deadline, answered
+
+    @property
+    def tokenizes(self) -> bool:
+        """Whether the model's handler has a tokenizer (``tokenize``)."""
+        return hasattr(self.handler, "tokenize")
+
+    async def tokenize(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[Token]]:
+        """Each whole text's tokens as the model's handler makes them (:mod:`trtserve.handlers`),
+        on the CPU pool; nothing goes to the engine core. Only for a model that :attr:`tokenizes`.
+
+        Raises:
+            InvalidRequest (INVALID_ARGUMENT): from the handler (a text over its bound).
+            BackendError (INTERNAL): the handler failed otherwise.
+        """
+        return await self._on_pool(functools.partial(self.handler.tokenize, texts,
+                                                     add_special_tokens=add_special_tokens))
 
     def _preprocess(self, long_text: str) -> Callable[[Tensors], Any] | None:
         """The handler's stage that makes a request's engine rows (None: the tensors are the rows)."""

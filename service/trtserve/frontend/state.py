@@ -18,7 +18,7 @@ from concurrent.futures import Executor
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.clock import Clock
-from trtserve.errors import ResponseTooLarge, TrtServeError
+from trtserve.errors import InvalidRequest, ModelNotFound, ResponseTooLarge, TrtServeError
 from trtserve.frontend.inflight import InflightGate
 from trtserve.frontend.models import ModelTable
 from trtserve.frontend.status import status_name
@@ -29,6 +29,7 @@ from trtserve.ipc.queries import InflightBound
 from trtserve.logs import REQUEST_LOGGER
 from trtserve.protocol import codec
 from trtserve.protocol.parameters import request_parameters
+from trtserve.protocol.tokenize import Token
 
 log = logging.getLogger(__name__)
 _requests_log = logging.getLogger(REQUEST_LOGGER)
@@ -135,6 +136,33 @@ class FrontendState:
         self.inflight.begin_drain()
         for hook in list(self.drain_hooks):
             await hook()
+
+    # -- tokenization -----------------------------------------------------------------------
+
+    async def tokenize(self, name: str, version: str, texts: list[str],
+                       add_special_tokens: bool = True) -> list[list[Token]]:
+        """The tokens of each text by the tokenizer of model ``name`` (empty: the one model
+        served here that has a tokenizer) at ``version`` (empty: the highest served): ``POST
+        /tokenize`` and ``trtserve.v1.Tokenizer/Tokenize``. Runs on the CPU pool, in the front end.
+
+        Raises:
+            InvalidRequest (INVALID_ARGUMENT): no model named while several (or none) have a
+                tokenizer; a text over the model's bound.
+            ModelNotFound (NOT_FOUND): no such model, or one without a tokenizer (the message names
+                those that have one).
+            ModelNotReady (UNAVAILABLE): see :meth:`ModelTable.get <trtserve.frontend.models.ModelTable.get>`.
+        """
+        have = sorted(n for n, built in self.table.versions.items() if any(m.tokenizes for m in built.values()))
+        if not name:
+            if len(have) != 1:
+                raise InvalidRequest(f"name the model whose tokenizer to use: the models with one are "
+                                     f"{', '.join(have) or 'none'}")
+            name = have[0]
+        model = await self.table.get(name, version)
+        if not model.tokenizes:
+            raise ModelNotFound(f"model '{name}' has no tokenizer (no handler with a tokenize stage); the models with "
+                                f"one: {', '.join(have) or 'none'}")
+        return await model.tokenize(texts, add_special_tokens=add_special_tokens)
 
     # -- the request path -------------------------------------------------------------------
 
