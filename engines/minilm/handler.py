@@ -27,8 +27,8 @@ Long texts embedded whole (:meth:`Handler.chunk`, a request's ``long_text`` para
 text is refused naming its row) and its word pieces cut into overlapping windows
 (:func:`windows`): each window is the model's 256 tokens, [CLS], up to 254 word pieces, [SEP];
 each window after the first starts ``STRIDE`` (3/4: 190 pieces) after the one before, so
-neighbours share at least 64 pieces. Both ends of a window are moved back to the start of a
-word, so no word is split between windows unless the word alone is longer than the stride. Each
+neighbours share 64 pieces, give or take the moves that follow. Both ends of a window are moved
+back to the start of a word, so no word is split between windows unless the word alone is longer than the stride. Each
 window is one engine row (a segment) of the request: the windows of every text of every caller
 batch together under their requests' deadlines. The text's embedding is the mean of its windows'
 embeddings weighted by their token counts ([CLS] and [SEP] included), L2-normalised; a text of
