@@ -64,11 +64,12 @@ SCAN_CHARS_PER_TOKEN = 1024
 STRIDE = 0.75
 
 
-def windows(word_ids: Sequence[int], size: int, stride: int) -> list[tuple[int, int]]:
+def windows(word_ids: Sequence[int | None], size: int, stride: int) -> list[tuple[int, int]]:
     """The overlapping windows of a text's word pieces, as [start, end) piece ranges.
 
     Args:
-        word_ids: the word each piece belongs to (``Encoding.word_ids`` without special tokens).
+        word_ids: the word each piece belongs to (``Encoding.word_ids`` without special tokens:
+            never None).
         size: the most pieces a window holds (the model's window less its special tokens).
         stride: pieces from one window's start to the next one's (1 <= stride <= size).
 

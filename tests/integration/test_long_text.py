@@ -3,7 +3,7 @@ KServe REST, the ``long_text`` field of ``/v1/embeddings`` and ``trtserve bulk -
 
 A real server on 127.0.0.1 (``ServerThread``: gRPC and HTTP doors, the engine core, minilm on ONNX
 Runtime). The reference is built through the same server one request at a time: each window of a
-~2,000-word document (windows from the handler's documented rule, ``windows``) is sent as the text it
+~2,900-word document (windows from the handler's documented rule, ``windows``) is sent as the text it
 covers, under the default truncation, and the window embeddings are averaged weighted by their
 token counts, then L2-normalised. The chunked answer must equal it within 1e-5 on every door; a
 text of one window must equal today's (truncated) answer (its window's embedding, unpooled: within
@@ -41,7 +41,7 @@ def captions(n: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def docs() -> list[str]:
-    """Two documents of about 2,000 and 700 words: corpus captions joined."""
+    """Two documents of about 2,900 and 1,000 words (17 and 6 windows): corpus captions joined."""
     lines = captions(400)
     return [" ".join(lines[:160]), " ".join(lines[160:215])]
 

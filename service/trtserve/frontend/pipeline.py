@@ -114,8 +114,8 @@ class FrontendModel:
             InvalidRequest (INVALID_ARGUMENT): from the handler (a text over its bound).
             BackendError (INTERNAL): the handler failed otherwise.
         """
-        return await self._on_pool(functools.partial(self.handler.tokenize, texts,
-                                                     add_special_tokens=add_special_tokens))
+        handler: Any = self.handler  # one that tokenizes: the caller checked
+        return await self._on_pool(functools.partial(handler.tokenize, texts, add_special_tokens=add_special_tokens))
 
     def _preprocess(self, long_text: str) -> Callable[[Tensors], Any] | None:
         """The handler's stage that makes a request's engine rows (None: the tensors are the rows)."""
