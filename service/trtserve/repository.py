@@ -61,14 +61,15 @@ HONOURED_CONTAINERS = frozenset({
     "version_policy.specific",
 })
 # The ``parameters`` keys trtserve itself reads (repository, dispatcher, runtimes, warm-up,
-# the OpenAI door: ``openai_embeddings``, :func:`trtserve.protocol.openai.embedding_io`).
+# the OpenAI door: ``openai_embeddings`` and ``matryoshka_dimensions``,
+# :func:`trtserve.protocol.openai.embedding_io`).
 # Any other key is for the model's own code: a handler or a Python model reads it from
 # ``spec.parameters``; a model with neither would ignore it, so it is refused.
 SERVER_PARAMETERS = frozenset({
     "batching", "adaptive_batch_size", "latency_budget_us", "priority_aging_us", "length_bucketing",
     "pad_value", "split_oversized_requests", "warmup_length",
     "ort_cpu_mem_arena", "ort_mem_pattern", "ort_intra_op_spinning", "isolation",
-    "openai_embeddings",
+    "openai_embeddings", "matryoshka_dimensions",
 })
 
 

@@ -564,6 +564,7 @@ ROUTES = [  # every route of the door (checked against its table below); unload 
     ("POST", "/v2/repository/index", b""),
     ("POST", "/v1/embeddings", json.dumps({"model": "minilm", "input": "hello"})),
     ("GET", "/v1/models", None),
+    ("POST", "/tokenize", json.dumps({"inputs": "hello", "model": "minilm"})),
     ("POST", "/v2/repository/models/tiny/unload", b""),
     ("POST", "/v2/repository/models/tiny/load", b""),
 ]

@@ -3,7 +3,7 @@ streams, and the Triton RPCs trtserve leaves unimplemented.
 
 A ``trtserve serve --auth-token-file`` child process with the probe model writing a marker (the
 request's first value) to a log file for every row it runs. Every method of
-``inference.GRPCInferenceService`` and ``trtserve.v1.ModelControl`` (enumerated from the
+``inference.GRPCInferenceService``, ``trtserve.v1.ModelControl`` and ``trtserve.v1.Tokenizer`` (enumerated from the
 protos, so a new RPC is covered without editing this test), plus health Check and Watch and
 reflection, is called with each bad credential: no metadata, a wrong token, the token minus its
 last character, the token plus one character, ``bearer`` in lower case, the token without a
@@ -12,7 +12,8 @@ scheme, the right value under another metadata key, and an empty bearer. Expecte
 * UNAUTHENTICATED for every inference, metadata, statistics and control RPC and for the
   unimplemented Triton RPCs; no marker of those calls runs; SetPolicy changes nothing;
 * with the token every call works (UNIMPLEMENTED for the unimplemented Triton RPCs,
-  UNAVAILABLE for model load/unload in the default model control mode), and its marker runs;
+  UNAVAILABLE for model load/unload in the default model control mode, NOT_FOUND for Tokenize of
+  the probe model, which has no tokenizer), and its marker runs;
 * health and reflection stay open without ``--auth-health`` and take the same check with it.
 """
 
@@ -27,7 +28,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
-from trtserve._proto.trtserve.v1 import control_pb2
+from trtserve._proto.trtserve.v1 import control_pb2, tokenizer_pb2
 from trtserve.client import build_request
 from trtserve.testing import ServerProcess
 
@@ -46,6 +47,7 @@ GOOD = (("authorization", f"Bearer {TOKEN}"),)
 SERVICES = [
     pb.DESCRIPTOR.services_by_name["GRPCInferenceService"],
     control_pb2.DESCRIPTOR.services_by_name["ModelControl"],
+    tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"],
 ]
 # The Triton RPCs trtserve does not implement: UNIMPLEMENTED with the token.
 UNIMPLEMENTED = {
@@ -55,6 +57,7 @@ UNIMPLEMENTED = {
 }
 # Implemented, and refused in the server's model control mode (none): UNAVAILABLE with the token.
 REFUSED_IN_MODE_NONE = {"RepositoryModelLoad", "RepositoryModelUnload"}
+NO_TOKENIZER = {"Tokenize"}  # implemented; the probe model has no tokenizer: NOT_FOUND with the token
 CHANGED_DELAY_US = 54_321  # what the SetPolicy calls ask for
 
 
@@ -67,6 +70,8 @@ def request_for(method, marker: float):
         return getattr(pb, method.input_type.name)(name="probe")
     if name == "GetPolicy":
         return control_pb2.GetPolicyRequest(model_name="probe")
+    if name == "Tokenize":
+        return tokenizer_pb2.TokenizeRequest(model_name="probe", inputs=["x"])
     if name == "SetPolicy":
         request = control_pb2.SetPolicyRequest(model_name="probe")
         request.policy.max_queue_delay_us = CHANGED_DELAY_US
@@ -151,7 +156,7 @@ def test_every_rpc_refuses_each_bad_credential_and_works_with_the_token(repo, au
             for label, path, request, (cs, ss) in open_rpcs():
                 opened[label, credential] = code(channel, path, request, metadata,
                                                  client_streaming=cs, server_streaming=ss)
-        assert len(refused) == len(BAD) * sum(len(s.methods) for s in SERVICES) == 8 * 22
+        assert len(refused) == len(BAD) * sum(len(s.methods) for s in SERVICES) == 8 * 23
         assert {key: c for key, c in refused.items() if c != grpc.StatusCode.UNAUTHENTICATED} == {}
         expected_open = grpc.StatusCode.UNAUTHENTICATED if auth_health else grpc.StatusCode.OK
         assert {key: c for key, c in opened.items() if c != expected_open} == {}
@@ -166,7 +171,8 @@ def test_every_rpc_refuses_each_bad_credential_and_works_with_the_token(repo, au
         # With the token: every call works, UNIMPLEMENTED for what trtserve does not implement.
         granted = {label: call_rpc(channel, path, method, 7.0, GOOD) for label, path, method in every_rpc()}
         expected = {label: grpc.StatusCode.UNIMPLEMENTED if label in UNIMPLEMENTED
-                    else grpc.StatusCode.UNAVAILABLE if label in REFUSED_IN_MODE_NONE else grpc.StatusCode.OK
+                    else grpc.StatusCode.UNAVAILABLE if label in REFUSED_IN_MODE_NONE
+                    else grpc.StatusCode.NOT_FOUND if label in NO_TOKENIZER else grpc.StatusCode.OK
                     for label, _, _ in every_rpc()}
         assert granted == expected
         for label, path, request, (cs, ss) in open_rpcs():

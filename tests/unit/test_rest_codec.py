@@ -415,7 +415,7 @@ def test_priority_and_timeout_cross_as_int64_parameters_the_codec_reads():
     kinds = {k: p.WhichOneof("parameter_choice") for k, p in rest.request.parameters.items()}
     assert kinds == {"priority": "int64_param", "timeout": "int64_param",
                      "triton_enable_empty_final_response": "bool_param"}
-    assert request_parameters(rest.request) == (2, 0.0015, True)
+    assert request_parameters(rest.request) == (2, 0.0015, True, "truncate")
 
 
 def test_json_parameter_kinds_map_to_bool_int64_double_and_string():
@@ -442,7 +442,7 @@ def test_binary_data_flags_are_the_transports_and_do_not_reach_the_codec(spec):
     rest = parse({"parameters": {"binary_data_output": True},
                   "outputs": [{"name": "OI", "parameters": {"binary_data": False}}, {"name": "OF"}], **one_input()})
     assert not rest.request.parameters and not rest.request.outputs[0].parameters
-    assert request_parameters(rest.request) == (0, None, False)
+    assert request_parameters(rest.request) == (0, None, False, "truncate")
     assert [t.name for t in codec.requested_outputs(rest.request, spec)] == ["OI", "OF"]
 
 

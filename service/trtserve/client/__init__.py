@@ -56,6 +56,7 @@ def build_request(
     outputs: Iterable[str] = (),
     timeout_us: int | None = None,
     priority: int | None = None,
+    long_text: str | None = None,
 ) -> pb.ModelInferRequest:
     """A ``ModelInferRequest`` with every input as raw bytes.
 
@@ -65,6 +66,8 @@ def build_request(
         outputs: output names to return (all if empty).
         timeout_us: the request's own deadline in microseconds (``timeout`` parameter).
         priority: 1 is the most urgent (``priority`` parameter).
+        long_text: ``"chunk"`` embeds each long text whole, ``"truncate"`` cuts it at the
+            model's window (``long_text`` parameter; None: the server's default, truncate).
 
     Raises:
         KeyError: an array dtype with no KServe datatype.
@@ -81,6 +84,8 @@ def build_request(
         request.parameters["timeout"].int64_param = timeout_us
     if priority is not None:
         request.parameters["priority"].uint64_param = priority
+    if long_text is not None:
+        request.parameters["long_text"].string_param = long_text
     return request
 
 
@@ -212,13 +217,15 @@ class Client:
         outputs: Iterable[str] = (),
         timeout: float | None = None,
         priority: int | None = None,
+        long_text: str | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run one request; ``timeout`` (seconds) becomes the gRPC deadline.
+        """Run one request; ``timeout`` (seconds) becomes the gRPC deadline; ``long_text`` as
+        :func:`build_request` takes it.
 
         Raises:
             grpc.RpcError: with the server's status (INVALID_ARGUMENT, DEADLINE_EXCEEDED, ...).
         """
-        request = build_request(model, inputs, outputs=outputs, priority=priority)
+        request = build_request(model, inputs, outputs=outputs, priority=priority, long_text=long_text)
         return parse_response(self.stub.ModelInfer(request, timeout=timeout, metadata=self.metadata))
 
     def stream_infer(

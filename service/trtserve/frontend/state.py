@@ -18,7 +18,7 @@ from concurrent.futures import Executor
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.clock import Clock
-from trtserve.errors import ResponseTooLarge, TrtServeError
+from trtserve.errors import InvalidRequest, ModelNotFound, ResponseTooLarge, TrtServeError
 from trtserve.frontend.inflight import InflightGate
 from trtserve.frontend.models import ModelTable
 from trtserve.frontend.status import status_name
@@ -29,6 +29,7 @@ from trtserve.ipc.queries import InflightBound
 from trtserve.logs import REQUEST_LOGGER
 from trtserve.protocol import codec
 from trtserve.protocol.parameters import request_parameters
+from trtserve.protocol.tokenize import Token
 
 log = logging.getLogger(__name__)
 _requests_log = logging.getLogger(REQUEST_LOGGER)
@@ -136,6 +137,33 @@ class FrontendState:
         for hook in list(self.drain_hooks):
             await hook()
 
+    # -- tokenization -----------------------------------------------------------------------
+
+    async def tokenize(self, name: str, version: str, texts: list[str],
+                       add_special_tokens: bool = True) -> list[list[Token]]:
+        """The tokens of each text by the tokenizer of model ``name`` (empty: the one model
+        served here that has a tokenizer) at ``version`` (empty: the highest served): ``POST
+        /tokenize`` and ``trtserve.v1.Tokenizer/Tokenize``. Runs on the CPU pool, in the front end.
+
+        Raises:
+            InvalidRequest (INVALID_ARGUMENT): no model named while several (or none) have a
+                tokenizer; a text over the model's bound.
+            ModelNotFound (NOT_FOUND): no such model, or one without a tokenizer (the message names
+                those that have one).
+            ModelNotReady (UNAVAILABLE): see :meth:`ModelTable.get <trtserve.frontend.models.ModelTable.get>`.
+        """
+        have = sorted(n for n, built in self.table.versions.items() if any(m.tokenizes for m in built.values()))
+        if not name:
+            if len(have) != 1:
+                raise InvalidRequest(f"name the model whose tokenizer to use: the models with one are "
+                                     f"{', '.join(have) or 'none'}")
+            name = have[0]
+        model = await self.table.get(name, version)
+        if not model.tokenizes:
+            raise ModelNotFound(f"model '{name}' has no tokenizer (no handler with a tokenize stage); the models with "
+                                f"one: {', '.join(have) or 'none'}")
+        return await model.tokenize(texts, add_special_tokens=add_special_tokens)
+
     # -- the request path -------------------------------------------------------------------
 
     async def answer(self, request: pb.ModelInferRequest, transport_deadline: float,
@@ -187,17 +215,18 @@ class FrontendState:
                      received: float) -> tuple[pb.ModelInferResponse, bool]:
         model = await self.table.get(request.model_name, request.model_version)
         spec = model.spec
-        priority, timeout, final = request_parameters(request)
-        ask = Ask(priority, timeout, transport_deadline, received)
+        params = request_parameters(request)
+        ask = Ask(params.priority, params.timeout, transport_deadline, received)
         # Shed before decoding: what cannot finish in time costs no more work here.
         self.engine.shed(spec.name, ask, self.clock.now())
         inputs, _rows = codec.decode_inputs(request, spec, max_elements=self.max_request_elements)
         chosen = codec.requested_outputs(request, spec)
-        outputs, deadline, version = await model.infer(inputs, ask, version=request.model_version)
+        outputs, deadline, version = await model.infer(inputs, ask, version=request.model_version,
+                                                       long_text=params.long_text)
         late = self.clock.now() > deadline
         response = codec.encode_response(spec, request.id, outputs, chosen)
         response.model_version = version  # the version that answered (across a reload, maybe a newer one)
-        if final:  # each request of a model that is not decoupled gets one response: the final one
+        if params.final:  # each request of a model that is not decoupled gets one response: the final one
             response.parameters["triton_final_response"].bool_param = True
         size = response.ByteSize()
         if size > self.max_send_bytes:

@@ -7,33 +7,51 @@ A model declares it in its config.pbtxt (:data:`PARAMETER`)::
 
 naming its text input (BYTES, dims ``[1]``: one string per row) and its embedding output (FP32,
 one fixed dim: the embedding's length). The request body ``{"model", "input": str | [str],
-"encoding_format"?: "float" | "base64", "dimensions"?, "user"?}`` becomes one request of
-shape ``[n, 1]`` BYTES, a row per string in order; the answer's rows become
+"encoding_format"?: "float" | "base64", "dimensions"?, "user"?, "long_text"?}`` becomes one
+request of shape ``[n, 1]`` BYTES, a row per string in order; the answer's rows become
 ``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
 "usage"}``, each embedding a list of numbers or (``base64``) the base64 of its little-endian
 float32 bytes. Nothing in the body is accepted and ignored but ``user``, an opaque string the
 caller may send for its own tracing. ``null`` for an optional field (``encoding_format``,
-``dimensions``, ``user``) is the field left out, as the OpenAI clients send it.
+``dimensions``, ``user``, ``long_text``) is the field left out, as the OpenAI clients send it.
+
+``long_text`` is trtserve's own field (the OpenAI clients send it as ``extra_body``): the
+request's ``long_text`` parameter (:mod:`trtserve.protocol.parameters`), ``"truncate"`` by
+default, ``"chunk"`` to embed each long text whole.
+
+``dimensions`` shorter than the model's embedding is honoured only for a model trained to give
+shortened embeddings (Matryoshka representation learning), which declares the lengths it was
+trained for (:data:`DIMENSIONS_PARAMETER`)::
+
+    parameters { key: "matryoshka_dimensions" value: { string_value: "64,128,256" } }
+
+Each embedding is then cut to its first ``dimensions`` numbers and L2-normalised again
+(:func:`shorten`). Any other length, or any length short of the full one for a model that
+declares none, is refused with a sentence naming the lengths it gives.
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.errors import InvalidRequest
 from trtserve.protocol.codec import encode_bytes
+from trtserve.protocol.parameters import LONG_TEXT, TRUNCATE
 from trtserve.spec import ModelSpec
 
 PARAMETER = "openai_embeddings"
 """The config.pbtxt ``parameters`` key: ``"<text input>:<embedding output>"``."""
+DIMENSIONS_PARAMETER = "matryoshka_dimensions"
+"""The config.pbtxt ``parameters`` key: the shortened lengths the model was trained to give,
+comma-separated (``"64,128,256"``); ``dimensions`` may ask for one of them."""
 FORMATS = ("float", "base64")
 _F32 = np.dtype("<f4")  # FP32 on the wire: little-endian
-_FIELDS = ("model", "input", "encoding_format", "dimensions", "user")
-_OPTIONAL = ("encoding_format", "dimensions", "user")
+_FIELDS = ("model", "input", "encoding_format", "dimensions", "user", "long_text")
+_OPTIONAL = ("encoding_format", "dimensions", "user", "long_text")
 TOKEN_ID_RANGE = (0, 2**32 - 1)
 """The integers a token id can be (a tokenizer's vocabulary index, unsigned 32-bit as TEI reads
 them): named in the refusal of token ids, which trtserve does not take."""
@@ -54,10 +72,15 @@ def embedding_io(spec: ModelSpec) -> tuple[str, str] | None:
     Raises:
         ValueError: the value is not ``"<input>:<output>"``, a tensor it names does not exist,
             the input is not BYTES with dims ``[1]``, the output not FP32 with one fixed dim,
-            the model does not batch (``max_batch_size`` 0), or another input is required.
+            the model does not batch (``max_batch_size`` 0), or another input is required;
+            :data:`DIMENSIONS_PARAMETER` without this parameter, or not as
+            :func:`dimensions_of` reads it.
     """
     value = spec.parameters.get(PARAMETER)
     if value is None:
+        if DIMENSIONS_PARAMETER in spec.parameters:
+            raise ValueError(f"parameters {DIMENSIONS_PARAMETER} is read only by the OpenAI embeddings API, which "
+                             f"the model does not declare (parameters {PARAMETER})")
         return None
     where = f"parameters {PARAMETER} '{value}'"
     name_in, sep, name_out = value.partition(":")
@@ -82,12 +105,63 @@ def embedding_io(spec: ModelSpec) -> tuple[str, str] | None:
     if required:
         raise ValueError(f"{where}: the model also requires input(s) {', '.join(required)}, which an "
                          f"embeddings request cannot send")
+    dimensions_of(spec, name_out)
     return name_in, name_out
 
 
 def dimension(spec: ModelSpec, output: str) -> int:
     """The length of each embedding ``output`` gives (its one dim, fixed by :func:`embedding_io`)."""
     return next(t for t in spec.outputs if t.name == output).dims[0]
+
+
+def dimensions_of(spec: ModelSpec, output: str) -> tuple[int, ...]:
+    """The embedding lengths ``dimensions`` may ask of the model, ascending: those it declares
+    in :data:`DIMENSIONS_PARAMETER`, then its full length.
+
+    Raises:
+        ValueError: the parameter is not a comma-separated list of whole numbers from 1 to
+            less than the full length.
+    """
+    full = dimension(spec, output)
+    value = spec.parameters.get(DIMENSIONS_PARAMETER)
+    if value is None:
+        return (full,)
+    try:
+        shorter = sorted({int(v) for v in value.split(",")})
+    except ValueError:
+        shorter = []
+    if not shorter or not all(1 <= d < full for d in shorter):
+        raise ValueError(f"parameters {DIMENSIONS_PARAMETER} '{value}' must list the shortened embedding lengths "
+                         f"the model was trained for, comma-separated whole numbers from 1 to {full - 1}")
+    return (*shorter, full)
+
+
+def check_dimensions(spec: ModelSpec, output: str, dimensions: int | None) -> int | None:
+    """The length to cut each embedding to, or None to leave it whole.
+
+    Raises:
+        BadField (HTTP 400): a length the model was not trained to give (the sentence names
+            those it gives).
+    """
+    allowed = dimensions_of(spec, output)
+    if dimensions is None or dimensions == allowed[-1]:
+        return None
+    if dimensions not in allowed:
+        if len(allowed) == 1:
+            raise BadField("dimensions", f"model '{spec.name}' gives embeddings of {allowed[-1]} dimensions, not "
+                                         f"{dimensions}, and was not trained to give shortened ones (its config has "
+                                         f"no '{DIMENSIONS_PARAMETER}' parameter): send dimensions {allowed[-1]} or "
+                                         f"none")
+        raise BadField("dimensions", f"model '{spec.name}' gives embeddings of {', '.join(map(str, allowed))} "
+                                     f"dimensions, not {dimensions}: its config's '{DIMENSIONS_PARAMETER}' lists "
+                                     f"the shortened lengths it was trained for")
+    return dimensions
+
+
+def shorten(rows: np.ndarray, dimensions: int) -> np.ndarray:
+    """Each row's first ``dimensions`` numbers, L2-normalised again (FP32 [n, dimensions])."""
+    cut = rows[:, :dimensions].astype(np.float64)
+    return (cut / np.linalg.norm(cut, axis=1, keepdims=True)).astype(np.float32)
 
 
 def model_of(doc: dict[str, Any]) -> str:
@@ -102,14 +176,28 @@ def model_of(doc: dict[str, Any]) -> str:
     return model
 
 
-def parse_embeddings(doc: dict[str, Any]) -> tuple[list[str], str, int | None]:
-    """(texts, encoding format, dimensions asked for or None) of a request body.
+class Embeddings(NamedTuple):
+    """What an embeddings request body asks for."""
+
+    texts: list[str]
+    encoding: str
+    """``"float"`` or ``"base64"``."""
+    dimensions: int | None
+    """The embedding length asked for, or None."""
+    long_text: str = TRUNCATE
+    """The ``long_text`` parameter: ``"truncate"`` or ``"chunk"``."""
+
+
+def parse_embeddings(doc: dict[str, Any]) -> Embeddings:
+    """What a request body asks for.
 
     Raises:
         BadField (HTTP 400): an unknown field; ``input`` missing, empty, an empty string,
             token ids (numbers: the message names :data:`TOKEN_ID_RANGE`), or not a string or
             list of strings; ``encoding_format`` other than float or base64; ``dimensions`` not
-            a positive integer; ``user`` not a string. An optional field sent as null is absent.
+            a positive integer; ``user`` not a string; ``long_text`` other than
+            :data:`~trtserve.protocol.parameters.LONG_TEXT`. An optional field sent as null is
+            absent.
     """
     unknown = sorted(set(doc) - set(_FIELDS))
     if unknown:
@@ -124,7 +212,10 @@ def parse_embeddings(doc: dict[str, Any]) -> tuple[list[str], str, int | None]:
         raise BadField("dimensions", f"dimensions must be a positive integer, got {dimensions!r}")
     if not isinstance(doc.get("user", ""), str):
         raise BadField("user", "user must be a string")
-    return texts, encoding, dimensions
+    long_text = doc.get("long_text", TRUNCATE)
+    if long_text not in LONG_TEXT:
+        raise BadField("long_text", f"long_text must be {' or '.join(map(repr, LONG_TEXT))}, got {long_text!r}")
+    return Embeddings(texts, encoding, dimensions, long_text)
 
 
 def _texts(value: Any) -> list[str]:
@@ -157,23 +248,30 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def infer_request(model: str, text_input: str, output: str, texts: list[str]) -> pb.ModelInferRequest:
+def infer_request(model: str, text_input: str, output: str, texts: list[str],
+                  long_text: str = TRUNCATE) -> pb.ModelInferRequest:
     """The request of ``texts`` to ``model``'s highest version: input ``text_input`` of shape
-    ``[len(texts), 1]`` BYTES (UTF-8), asking for ``output`` only."""
+    ``[len(texts), 1]`` BYTES (UTF-8), asking for ``output`` only, with the ``long_text``
+    parameter when it is not the default."""
     request = pb.ModelInferRequest(model_name=model)
     request.inputs.add(name=text_input, datatype="BYTES", shape=[len(texts), 1])
     request.outputs.add(name=output)
     request.raw_input_contents.append(encode_bytes(texts))
+    if long_text != TRUNCATE:
+        request.parameters["long_text"].string_param = long_text
     return request
 
 
 def embeddings_body(response: pb.ModelInferResponse, output: str, encoding: str,
-                    tokens: list[int]) -> dict[str, Any]:
+                    tokens: list[int], dimensions: int | None = None) -> dict[str, Any]:
     """The embeddings answer of ``response`` (its ``output``, FP32 ``[n, dim]``), each row
-    ``encoding`` ("float" or "base64"); ``tokens`` the token count of each input, for ``usage``."""
+    ``encoding`` ("float" or "base64") and cut to ``dimensions`` (:func:`shorten`) unless None;
+    ``tokens`` the token count of each input, for ``usage``."""
     index = [o.name for o in response.outputs].index(output)
     shape = tuple(response.outputs[index].shape)
     rows = np.frombuffer(response.raw_output_contents[index], _F32).reshape(shape)
+    if dimensions is not None:
+        rows = shorten(rows, dimensions).astype(_F32)
     data = [{"object": "embedding", "index": i,
              "embedding": base64.b64encode(row.tobytes()).decode() if encoding == "base64" else row.tolist()}
             for i, row in enumerate(rows)]
@@ -182,5 +280,6 @@ def embeddings_body(response: pb.ModelInferResponse, output: str, encoding: str,
             "usage": {"prompt_tokens": total, "total_tokens": total}}
 
 
-__all__ = ["FORMATS", "PARAMETER", "TOKEN_ID_RANGE", "BadField", "dimension", "embedding_io", "embeddings_body",
-           "infer_request", "model_of", "parse_embeddings"]
+__all__ = ["DIMENSIONS_PARAMETER", "FORMATS", "PARAMETER", "TOKEN_ID_RANGE", "BadField", "Embeddings",
+           "check_dimensions", "dimension", "dimensions_of", "embedding_io", "embeddings_body", "infer_request",
+           "model_of", "parse_embeddings", "shorten"]

@@ -9,6 +9,11 @@ Request parameters:
 * ``triton_enable_empty_final_response`` (bool): on a stream, every response carries
   ``triton_final_response: true`` (each request of a model that is not decoupled gets exactly
   one response, so it is the final one; no empty response follows).
+* ``long_text`` (string, :data:`LONG_TEXT`): what a text longer than the model's window
+  becomes. ``"truncate"`` (the default): the model reads its first window and the rest is
+  cut. ``"chunk"``: it is embedded whole, as overlapping windows pooled back into one answer,
+  for a model whose handler can (:mod:`trtserve.handlers`, ``chunk``); any other model refuses
+  it (INVALID_ARGUMENT).
 
 What ``priority`` and ``timeout`` mean for the queue (the level, the deadline) is the
 admission rule, :func:`trtserve.ipc.admission.admit`; here they are only parsed.
@@ -24,27 +29,43 @@ give it wrong or stale data. Any other parameter is refused INVALID_ARGUMENT.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.errors import InvalidRequest, Unsupported
 
-REQUEST_PARAMETERS = ("priority", "timeout", "triton_enable_empty_final_response")
+REQUEST_PARAMETERS = ("priority", "timeout", "triton_enable_empty_final_response", "long_text")
+TRUNCATE, CHUNK = "truncate", "chunk"
+LONG_TEXT = (TRUNCATE, CHUNK)
+"""The values of the ``long_text`` parameter (the first is the default)."""
 SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 SHARED_MEMORY_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 OUTPUT_PARAMETERS = ("binary_data",)
 
 
-def request_parameters(request: pb.ModelInferRequest) -> tuple[int, float | None, bool]:
-    """The ``priority``, ``timeout`` (seconds, or None) and ``triton_enable_empty_final_response``
-    of a request.
+class RequestParameters(NamedTuple):
+    """What a request's parameters ask for."""
+
+    priority: int
+    """1 is the most urgent; 0: the model's default."""
+    timeout: float | None
+    """The request's own deadline in seconds from its arrival, or None."""
+    final: bool
+    """``triton_enable_empty_final_response``."""
+    long_text: str = TRUNCATE
+    """One of :data:`LONG_TEXT`."""
+
+
+def request_parameters(request: pb.ModelInferRequest) -> RequestParameters:
+    """The ``priority``, ``timeout`` (seconds, or None), ``triton_enable_empty_final_response``
+    and ``long_text`` of a request.
 
     Raises:
         InvalidRequest (INVALID_ARGUMENT): a parameter of the wrong type or a negative value,
             or a parameter trtserve does not read.
         Unsupported (UNIMPLEMENTED): sequence-batching parameters.
     """
-    priority, timeout, final = 0, None, False
+    priority, timeout, final, long_text = 0, None, False, TRUNCATE
     for key, param in request.parameters.items():
         kind = param.WhichOneof("parameter_choice")
         if key == "priority":
@@ -66,6 +87,12 @@ def request_parameters(request: pb.ModelInferRequest) -> tuple[int, float | None
                     f"parameter 'triton_enable_empty_final_response' must be a bool, got {kind}"
                 )
             final = param.bool_param
+        elif key == "long_text":
+            if kind != "string_param" or param.string_param not in LONG_TEXT:
+                got = repr(param.string_param) if kind == "string_param" else kind
+                raise InvalidRequest(f"parameter 'long_text' must be the string {' or '.join(map(repr, LONG_TEXT))}, "
+                                     f"got {got}")
+            long_text = param.string_param
         elif key in SEQUENCE_PARAMETERS:
             raise Unsupported(
                 f"parameter '{key}': trtserve has no sequence batcher (it serves stateless models)"
@@ -74,7 +101,7 @@ def request_parameters(request: pb.ModelInferRequest) -> tuple[int, float | None
             raise InvalidRequest(
                 f"unknown request parameter '{key}'; trtserve reads {', '.join(REQUEST_PARAMETERS)}"
             )
-    return priority, timeout, final
+    return RequestParameters(priority, timeout, final, long_text)
 
 
 def check_tensor_parameters(kind: str, name: str, parameters: Mapping[str, Any]) -> None:

@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(repeat) otherwise (default: text)")
     parser.add_argument("--endpoint", action="append", default=None, metavar="HOST:PORT",
                         help="trtserve server; repeat for several (default: 127.0.0.1:8001)")
+    parser.add_argument("--long-text", choices=("truncate", "chunk"), default="truncate",
+                        help="a text longer than the model's window: cut at it (truncate, the default) or embedded "
+                             "whole as overlapping windows pooled into one embedding (chunk; the request's long_text "
+                             "parameter)")
     parser.add_argument("--errors", type=Path, help="JSONL file for refused rows (default: OUTPUT.errors.jsonl)")
     parser.add_argument("--ordered", action="store_true", help="write rows in input order (default: completion order)")
     parser.add_argument("--fail-on-error", action="store_true", help="exit 1 if any row is in the errors file")
@@ -124,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         id_column=args.id_column,
         input_columns=args.input_column or ["text"],
         input_format=args.input_format,
+        long_text=args.long_text,
         errors=args.errors,
         ordered=args.ordered,
         fail_on_error=args.fail_on_error,

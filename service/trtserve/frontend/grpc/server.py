@@ -1,4 +1,4 @@
-"""One front end's ``grpc.aio`` server: the inference, ModelControl, health and reflection
+"""One front end's ``grpc.aio`` server: the inference, ModelControl, Tokenizer, health and reflection
 services on one port, shared with the other front ends (SO_REUSEPORT: the kernel spreads
 *connections* over them, steered to this server's own sockets by
 :mod:`~trtserve.frontend.grpc.reuseport`; every request of one HTTP/2 connection stays in one
@@ -14,16 +14,18 @@ from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from trtserve._proto.inference import grpc_service_pb2_grpc as pb_grpc
-from trtserve._proto.trtserve.v1 import control_pb2, control_pb2_grpc
+from trtserve._proto.trtserve.v1 import control_pb2, control_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from trtserve.clock import Clock
 from trtserve.frontend.grpc.model_control import ModelControlService
 from trtserve.frontend.grpc.reuseport import steer_port
 from trtserve.frontend.grpc.security import BearerTokenInterceptor, TlsConfig
 from trtserve.frontend.grpc.service import DEFAULT_STREAM_INFLIGHT, SERVICE_NAME, InferenceService
+from trtserve.frontend.grpc.tokenizer import TokenizerService
 from trtserve.frontend.state import AUTO, DEFAULT_MAX_MESSAGE_BYTES, FrontendState
 from trtserve.ipc.engine import Engine
 
 CONTROL_SERVICE_NAME = control_pb2.DESCRIPTOR.services_by_name["ModelControl"].full_name
+TOKENIZER_SERVICE_NAME = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name
 
 
 @dataclass(frozen=True)
@@ -177,9 +179,11 @@ async def start_frontend(
     server = grpc.aio.server(options=options, interceptors=interceptors)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
     control_pb2_grpc.add_ModelControlServicer_to_server(ModelControlService(engine, service._call), server)
+    tokenizer_pb2_grpc.add_TokenizerServicer_to_server(TokenizerService(state, service._call), server)
     health_pb2_grpc.add_HealthServicer_to_server(service.health, server)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, CONTROL_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        (SERVICE_NAME, CONTROL_SERVICE_NAME, TOKENIZER_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
+        server,
     )
     address = f"{host}:{port}"
     try:  # grpcio raises "Failed to bind ..." (older versions returned 0), without the reason

@@ -17,6 +17,7 @@ Routes (``{v}``: an optional ``/versions/<version>``):
 ``POST /v2/repository/models/{m}/unload``  unload
 ``POST /v1/embeddings``                    OpenAI embeddings (:mod:`.openai`)
 ``GET /v1/models``                         the models that answer ``/v1/embeddings``
+``POST /tokenize``                         a model's tokens of texts (TEI's shape, :mod:`trtserve.protocol.tokenize`)
 =========================================  ===================================================
 
 Errors are ``{"error": "<sentence>"}`` with the HTTP status of the error's class
@@ -51,7 +52,7 @@ from trtserve.frontend.pipeline import FrontendModel
 from trtserve.frontend.state import FrontendState
 from trtserve.frontend.status import status_name
 from trtserve.ipc.queries import Load, ModelReady, RepositoryIndex, ServerReady, Statistics, Unload
-from trtserve.protocol import rest
+from trtserve.protocol import rest, tokenize
 
 EXTENSIONS = ["model_configuration", "parameters", "schedule_policy", "statistics", "binary_tensor_data"]
 """The protocol extensions server metadata lists."""
@@ -79,6 +80,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(r"/v2/repository/models/(?P<model>[^/]+)/unload"), "unload"),
     ("POST", re.compile(r"/v1/embeddings"), "embeddings"),
     ("GET", re.compile(r"/v1/models"), "models"),
+    ("POST", re.compile(r"/tokenize"), "tokenize"),
 ]
 _OPEN = ("live", "ready")  # routes open without the token unless protect_health
 _UNIMPLEMENTED = re.compile(r"/v2/(systemsharedmemory|cudasharedmemory|trace|logging)(/.*)?")
@@ -286,6 +288,14 @@ class RestApp:
 
     async def _models(self, match: re.Match[str], body: bytes, headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
         return await self._openai.models(body, headers)
+
+    async def _tokenize(self, match: re.Match[str], body: bytes,
+                        headers: dict[bytes, bytes]) -> tuple[int, list, bytes]:
+        """``POST /tokenize``: each text's tokens (:meth:`FrontendState.tokenize
+        <trtserve.frontend.state.FrontendState.tokenize>`); the front end answers it alone."""
+        model, texts, special = tokenize.parse_tokenize(rest.json_object(body))
+        tokens = await self.state.tokenize(model, "", texts, special)
+        return _ok(tokenize.tokens_body(tokens))
 
     async def gated(self, headers: dict[bytes, bytes], model: str, version: str,
                     build: Callable[[FrontendModel], tuple[pb.ModelInferRequest, T]],

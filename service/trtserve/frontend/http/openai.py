@@ -14,7 +14,8 @@ request does (:meth:`RestApp.gated <trtserve.frontend.http.app.RestApp.gated>`):
 ``split_oversized_requests``, on by default), counted and refused the same way. ``usage``
 counts tokens with the handler's ``count_tokens`` (:mod:`trtserve.handlers`) where it has one,
 else reports 0: the OpenAI clients require the field, and a count trtserve cannot know is not
-made up.
+made up. With ``"long_text": "chunk"`` it counts every token the model read: each window's,
+[CLS] and [SEP] included, so the pieces two windows share count twice.
 
 Every answer under ``/v1/`` that is not 200 is ``{"error": {"message", "type", "param",
 "code"}}`` (:func:`error_body`) with the HTTP status the KServe routes give the same error.
@@ -23,6 +24,7 @@ Every answer under ``/v1/`` that is not 200 is ``{"error": {"message", "type", "
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,6 +35,7 @@ from trtserve.errors import ModelNotFound
 from trtserve.frontend.pipeline import FrontendModel
 from trtserve.frontend.state import FrontendState
 from trtserve.protocol import openai, rest
+from trtserve.protocol.parameters import CHUNK
 
 PREFIX = "/v1/"
 """The paths whose errors take OpenAI's shape."""
@@ -67,26 +70,27 @@ class OpenAIRoutes:
                 (:func:`~trtserve.protocol.openai.model_of`).
             ModelNotFound (404): no such model, or one that does not declare the API.
             BadField (400): see :func:`~trtserve.protocol.openai.parse_embeddings`; or
-                ``dimensions`` other than the model's own.
+                ``dimensions`` the model was not trained to give
+                (:func:`~trtserve.protocol.openai.check_dimensions`).
             TrtServeError: any refusal of the request path (429, 503, 504, ...).
         """
         doc = rest.json_object(body)
         name = openai.model_of(doc)
 
-        def build(model: FrontendModel) -> tuple[pb.ModelInferRequest, tuple[FrontendModel, str, list[str], str]]:
+        def build(model: FrontendModel) -> tuple[pb.ModelInferRequest, tuple[FrontendModel, str, openai.Embeddings,
+                                                                             int | None]]:
             text_input, output = self._declared(model)
-            texts, encoding, dimensions = openai.parse_embeddings(doc)
-            size = openai.dimension(model.spec, output)
-            if dimensions is not None and dimensions != size:
-                raise openai.BadField("dimensions", f"model '{name}' gives embeddings of {size} dimensions, not "
-                                                    f"{dimensions}: send dimensions {size} or none")
-            return openai.infer_request(name, text_input, output, texts), (model, output, texts, encoding)
+            asked = openai.parse_embeddings(doc)
+            cut = openai.check_dimensions(model.spec, output, asked.dimensions)
+            request = openai.infer_request(name, text_input, output, asked.texts, asked.long_text)
+            return request, (model, output, asked, cut)
 
-        response, (model, output, texts, encoding) = await self.gated(headers, name, "", build)
+        response, (model, output, asked, cut) = await self.gated(headers, name, "", build)
         count = getattr(model.handler, "count_tokens", None)
+        whole = {"whole": True} if asked.long_text == CHUNK else {}  # every window's tokens
         tokens = [0] if count is None else await asyncio.get_running_loop().run_in_executor(
-            self.state.pool, count, texts)
-        return _ok(openai.embeddings_body(response, output, encoding, tokens))
+            self.state.pool, functools.partial(count, asked.texts, **whole))
+        return _ok(openai.embeddings_body(response, output, asked.encoding, tokens, cut))
 
     async def models(self, body: bytes, headers: dict[bytes, bytes]) -> Answer:
         """``GET /v1/models``: the models this front end serves that declare the embeddings API."""

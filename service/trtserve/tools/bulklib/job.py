@@ -95,6 +95,7 @@ class JobConfig:
     id_column: str = "id"
     input_columns: Sequence[str] = ("text",)
     input_format: str | None = None
+    long_text: str = "truncate"
     errors: Path | None = None
     ordered: bool = False
     fail_on_error: bool = False
@@ -343,7 +344,8 @@ class BulkJob:
             msg = await self.work.get()
             ep = await pick(self.endpoints, self.cfg.max_inflight, self.capacity_changed)
             request_id = f"{next(self.ids)}"
-            ep.send(request_id, msg, build_request(self.cfg.model, msg.inputs, request_id=request_id))
+            ep.send(request_id, msg, build_request(self.cfg.model, msg.inputs, request_id=request_id,
+                                                     long_text=self.cfg.long_text))
 
     def _stream_broken(self, ep: Endpoint, exc: BaseException | None) -> None:
         if isinstance(exc, grpc.aio.AioRpcError):

@@ -70,13 +70,16 @@ class TrtserveModel:
         id_column: the id column, passed through.
         intra_op_threads: ONNX Runtime threads (0: one per core of the node).
         cpu_workers: threads for the handler's pre/post-processing.
+        long_text: ``"truncate"`` or ``"chunk"`` (each long text embedded whole), the requests'
+            ``long_text`` parameter.
 
     Raises:
         RuntimeError: the model did not load (with the reason).
     """
 
     def __init__(self, model_repository: str, model: str, input_columns: Sequence[str] = ("text",),
-                 id_column: str = "id", intra_op_threads: int = 0, cpu_workers: int = 2) -> None:
+                 id_column: str = "id", intra_op_threads: int = 0, cpu_workers: int = 2,
+                 long_text: str = "truncate") -> None:
         from trtserve import runtimes
         from trtserve.clock import MonotonicClock
         from trtserve.engine.registry import ModelRegistry
@@ -97,6 +100,7 @@ class TrtserveModel:
         mapping = parse_input_columns(list(input_columns), [t.name for t in inputs])
         self.encoder = RowEncoder(inputs, mapping, id_column)
         self.id_column = id_column
+        self.long_text = long_text
         self.rows_per_request = max(self.spec.policy.max_batch_size, 1)
 
     def _run(self, coro: Any) -> Any:
@@ -133,7 +137,7 @@ class TrtserveModel:
         try:
             request = build_request(self.spec.name, stack_rows(rows, self.spec.batched))
             inputs, _ = codec.decode_inputs(request, self.spec)
-            return [(rows, (await self.served.infer(inputs))[0])]
+            return [(rows, (await self.served.infer(inputs, long_text=self.long_text))[0])]
         except TrtServeError as exc:
             if len(rows) > 1:
                 parts = await asyncio.gather(*(self._infer_group([r]) for r in rows))
@@ -206,7 +210,7 @@ def read_dataset(path: str | Path, fmt: str, columns: Sequence[str], binary_colu
 
 def embed_dataset(ds: Any, model_repository: str | Path, model: str, *, input_columns: Sequence[str] = ("text",),
                   id_column: str = "id", actors: int = 1, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0,
-                  batch_rows: int = 256, intra_op_threads: int = 0) -> Any:
+                  batch_rows: int = 256, intra_op_threads: int = 0, long_text: str = "truncate") -> Any:
     """``ds.map_batches`` with :class:`TrtserveModel` on a pool of ``actors`` actors.
 
     The result has ``id_column``, one column per model output (a fixed-size list per row; null
@@ -222,6 +226,7 @@ def embed_dataset(ds: Any, model_repository: str | Path, model: str, *, input_co
             "input_columns": list(input_columns),
             "id_column": id_column,
             "intra_op_threads": intra_op_threads,
+            "long_text": long_text,
         },
         batch_size=batch_rows,
         batch_format="pyarrow",
@@ -300,7 +305,8 @@ def run_bulk(cfg: Any, args: Any) -> Any:
                                 fn_kwargs={"id_column": cfg.id_column, "ids": pa.array(list(skip))})
         ds = embed_dataset(ds, repository, cfg.model, input_columns=cfg.input_columns, id_column=cfg.id_column,
                            actors=args.ray_actors, cpus_per_actor=args.ray_cpus_per_actor,
-                           gpus_per_actor=args.ray_gpus_per_actor, batch_rows=args.ray_batch_rows)
+                           gpus_per_actor=args.ray_gpus_per_actor, batch_rows=args.ray_batch_rows,
+                           long_text=cfg.long_text)
         schema = None
         seen: set = set()
         pending: list[pa.Table] = []
