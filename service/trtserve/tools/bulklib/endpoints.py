@@ -182,7 +182,7 @@ async def pick(endpoints: Sequence[Endpoint], max_inflight: int, capacity_change
 
 
 @dataclass(frozen=True)
-class ModelInfo:
+class RemoteModel:
     """The model as a server describes it: inputs and outputs without the batch axis, its
     ``max_batch_size`` (0: unbatched) and the version that answered ("?" if none is named)."""
 
@@ -196,7 +196,7 @@ class ModelInfo:
         return self.max_batch_size > 0
 
 
-async def discover(endpoints: Sequence[Endpoint], model: str, timeout_s: float) -> ModelInfo:
+async def discover(endpoints: Sequence[Endpoint], model: str, timeout_s: float) -> RemoteModel:
     """Read ``model``'s metadata and config from the first endpoint that answers, trying them
     all again (with backoff) until one does.
 
@@ -220,7 +220,7 @@ async def discover(endpoints: Sequence[Endpoint], model: str, timeout_s: float) 
                 errors.append(f"{ep.url}: {exc.code().name}: {exc.details()}")
                 continue
             cut = 1 if config.max_batch_size > 0 else 0
-            return ModelInfo(
+            return RemoteModel(
                 inputs=[TensorSpec(t.name, DATATYPES[t.datatype], tuple(t.shape[cut:])) for t in meta.inputs],
                 outputs=[TensorSpec(t.name, DATATYPES[t.datatype], tuple(t.shape[cut:])) for t in meta.outputs],
                 max_batch_size=config.max_batch_size,
