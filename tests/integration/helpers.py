@@ -140,3 +140,14 @@ def write_gate(root: Path, name: str = "gate") -> tuple[Path, Path]:
         parameters {{ key: "release" value: {{ string_value: "{release}" }} }}
     """))
     return started, release
+
+
+def word_pieces(engines: Path):
+    """minilm's tokenizer (``tokenizers.Tokenizer``) with neither truncation nor padding: a text's
+    whole token sequence, as the long-text and tokenize tests compare against."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(engines / "minilm" / "1" / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok

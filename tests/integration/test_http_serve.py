@@ -129,34 +129,30 @@ def test_an_http_port_without_the_http_door_exits_2_with_one_sentence(repo):
     assert "\n" not in message and "--http-port 8123 needs --allow-http true" in message, message
 
 
-def test_an_http_port_in_use_exits_2_naming_it(repo):
-    import socket
-
+def serve_with_a_taken_port(repo, *flags: str) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``trtserve serve`` with ``flags``, where ``{port}`` in a flag is a port another socket holds.
+    Returns (the finished command, that port)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         done = subprocess.run(
             [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--port", "0",
-             "--allow-http", "true", "--http-port", str(port), "--metrics-port", "0", "--frontends", "1"],
+             "--frontends", "1", *(f.format(port=port) for f in flags)],
             capture_output=True, text=True, timeout=120,
         )
     assert done.returncode == 2, done.stdout + done.stderr
+    return done, port
+
+
+def test_an_http_port_in_use_exits_2_naming_it(repo):
+    done, port = serve_with_a_taken_port(repo, "--allow-http", "true", "--http-port", "{port}", "--metrics-port", "0")
     assert f"cannot listen on 127.0.0.1:{port} (HTTP)" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
 
 
 def test_a_metrics_port_in_use_exits_2_naming_it(repo):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        done = subprocess.run(
-            [sys.executable, "-m", "trtserve", "serve", "--model-repository", str(repo), "--port", "0",
-             "--http-port", "0", "--metrics-port", str(port), "--frontends", "1"],
-            capture_output=True, text=True, timeout=120,
-        )
-    assert done.returncode == 2, done.stdout + done.stderr
+    done, port = serve_with_a_taken_port(repo, "--http-port", "0", "--metrics-port", "{port}")
     message = done.stderr.strip()
     assert "\n" not in message and f"cannot listen on 127.0.0.1:{port} (metrics)" in message, message
 

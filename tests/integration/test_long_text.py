@@ -26,7 +26,7 @@ import pytest
 from test_http_rest import link_models, request
 from tokenizers import Tokenizer
 
-from integration.helpers import SHARED_DATA
+from integration.helpers import SHARED_DATA, word_pieces
 from servers import ServerThread
 
 CORPUS = SHARED_DATA / "corpus" / "multi30k_en_captions.jsonl.gz"
@@ -57,10 +57,7 @@ def handler_module(engines):
 @pytest.fixture(scope="module")
 def pieces(engines) -> Tokenizer:
     """minilm's tokenizer with neither truncation, padding nor special tokens: a text's word pieces."""
-    tok = Tokenizer.from_file(str(engines / "minilm" / "1" / "tokenizer.json"))
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
+    return word_pieces(engines)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 from test_http_rest import link_models, request
 from tokenizers import Tokenizer
 
+from integration.helpers import word_pieces
 from servers import ServerThread
 from trtserve._proto.trtserve.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
@@ -28,10 +29,7 @@ def srv(engines, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(engines) -> Tokenizer:
-    tok = Tokenizer.from_file(str(engines / "minilm" / "1" / "tokenizer.json"))
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
+    return word_pieces(engines)
 
 
 def tokenize(srv, body) -> tuple[int, object]:
