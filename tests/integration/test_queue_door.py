@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from redis_server import RedisServer, missing_reason
 from servers import ServerThread
 from trtserve.client.queue import QueueClient, QueueResult
 from trtserve.frontend.queue.door import QueueSettings
 from trtserve.protocol.queue import GROUP, dead_key, result_key, stream_key
+from trtserve.testing.redis_server import RedisServer, missing_reason
 
 CEILING_S = 60.0
 

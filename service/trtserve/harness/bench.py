@@ -44,6 +44,10 @@ for each model:
     requests of ``--gpu-rows`` rows: closed loop against the engine's capacity, open loop at 80 %
     of it against the simulator's ideal, overload and mixed deadlines at multiples of it; with
     ``--peer triton``, the Triton peer on the same ``model.py`` too, the same traces.
+11. ``queue`` (``benchlib.queue``, minilm only; a redis-server and a server of its own, ``trtserve
+    serve --redis-url``; skipped with a sentence without ``redis-server``): minilm captions through
+    the queue door (Redis Streams) against the same captions over the gRPC stream, at each
+    ``--concurrency`` outstanding: texts/s, p50/p99, pickup delay p50/p99, server CPU per request.
 
 The open-loop unary calls (open sweep, overload, mixed) come from the Go load generator
 (``clients/go/loadgen``, ``make loadgen``; ``benchlib.goclient``) when it is built, else, with
@@ -152,6 +156,7 @@ from trtserve.harness.benchlib.protocols import (
     parse_protocols,
     protocol_targets,
 )
+from trtserve.harness.benchlib.queue import QUEUE_MODE, QUEUE_MODEL, format_queue_table, queue_points, queue_targets
 from trtserve.harness.benchlib.raw import measure_raw
 from trtserve.harness.benchlib.refusals import REFUSAL_MODE, format_refusal_table, refusal_targets
 from trtserve.harness.benchlib.report import (
@@ -184,7 +189,7 @@ full-batch requests go up to this many rows: past a CPU engine's knee (16-32 row
 DEFAULT_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 POLICY_MODE = "policy"
 """The ``--modes`` item that runs the dispatch-policy comparison."""
-ALL_MODES = (*MODES, POLICY_MODE, OVERLOAD_MODE, MIXED_MODE, REFUSAL_MODE, EMBEDDINGS_MODE, GPU_MODE)
+ALL_MODES = (*MODES, POLICY_MODE, OVERLOAD_MODE, MIXED_MODE, REFUSAL_MODE, EMBEDDINGS_MODE, GPU_MODE, QUEUE_MODE)
 CLIENTS = ("auto", "go", "python")
 """``--client``: the open loop's unary client; ``auto`` is the Go binary when it is built."""
 
@@ -313,8 +318,11 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {','.join(ALL_MODES)}")
     if "triton" in args.peer and SWEEP_MODE not in args.modes and GPU_MODE not in args.modes:
         raise SystemExit(f"--peer triton runs the {SWEEP_MODE} sweep and the {GPU_MODE} mode; add one to --modes")
-    # Every mode but gpu-shaped (which serves a model of its own) drives the server on --models.
-    main = [m for m in args.modes if m != GPU_MODE]
+    # Every mode but gpu-shaped and queue (which start servers of their own) drives the server on --models.
+    main = [m for m in args.modes if m not in (GPU_MODE, QUEUE_MODE)]
+    queue = QUEUE_MODE in args.modes and QUEUE_MODEL in args.models
+    if QUEUE_MODE in args.modes and not queue:
+        print(f"mode '{QUEUE_MODE}' skipped: it runs only on {QUEUE_MODEL}, which is not in --models", flush=True)
     embeddings = EMBEDDINGS_MODE in args.modes and EMBEDDINGS_MODEL in args.models
     if "infinity" in args.peer and not embeddings:
         raise SystemExit(f"--peer infinity runs the {EMBEDDINGS_MODE} mode on {EMBEDDINGS_MODEL}; add them to "
@@ -329,9 +337,9 @@ def run(args: argparse.Namespace) -> int:
                          f"none of which is in --models ({','.join(args.models)})")
     use_go = _open_loop_client(args.client)
     rng = np.random.default_rng(args.seed)
-    texts = load_texts(args.data, args.requests, rng) if main and (args.data / CORPUS).is_file() else []
-    workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng) for m in args.models} \
-        if main else {}
+    texts = load_texts(args.data, args.requests, rng) if (main or queue) and (args.data / CORPUS).is_file() else []
+    workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng)
+                 for m in (args.models if main else [QUEUE_MODEL] if queue else [])}
     args.out.mkdir(parents=True, exist_ok=True)
     frontends = ("--frontends", args.frontends) if args.frontends else ()
     raws: dict[str, RawReference] = {}
@@ -364,6 +372,8 @@ def run(args: argparse.Namespace) -> int:
         embedding_points += infinity_points(args, [w.spec for w in workloads.values()], texts)
     gpu_points, ideals = (gpu_shaped_points(args, (*frontends, *shlex.split(args.serve_args)), use_go)
                           if GPU_MODE in args.modes else ([], {}))
+    queue_results = queue_points(args, (*frontends, *shlex.split(args.serve_args)), workloads[QUEUE_MODEL]) \
+        if queue else []
 
     print()
     print(format_tables(points, raws))
@@ -375,10 +385,11 @@ def run(args: argparse.Namespace) -> int:
     print(format_refusal_table(points))
     print(format_embeddings_table(embedding_points))
     print(format_gpu_table(gpu_points, ideals))
+    print(format_queue_table(queue_results))
     targets = (check_targets(points, raws) + anchor_targets(points, raws) + protocol_targets(points)
                + floor_targets(points)
                + policy_targets(points) + overload_targets(points) + mixed_targets(points) + refusal_targets(points)
-               + embeddings_targets(embedding_points) + gpu_targets(gpu_points, ideals))
+               + embeddings_targets(embedding_points) + gpu_targets(gpu_points, ideals) + queue_targets(queue_results))
     print("targets:")
     for target in targets:
         print("  " + target.line())
@@ -404,6 +415,7 @@ def run(args: argparse.Namespace) -> int:
         "points": [dataclasses.asdict(p) for p in points],
         "embeddings": [dataclasses.asdict(p) for p in embedding_points],
         GPU_MODE: {"points": [dataclasses.asdict(p) for p in gpu_points], "simulator_ideal_misses": ideals},
+        QUEUE_MODE: [dataclasses.asdict(p) for p in queue_results],
         "targets": [dataclasses.asdict(t) for t in targets],
         "wall_s": wall_s,
     }

@@ -9,6 +9,8 @@ this package (an import contract in ``pyproject.toml`` says so).
   dispatch-policy simulator (:mod:`trtserve.harness.simulator`) run on them.
 - :class:`ChildServer` and :class:`ServerProcess`: a server as a child process on 127.0.0.1
   (:mod:`.child_server`).
+- :mod:`.redis_server`: a real redis-server on 127.0.0.1 at a free port (the queue door's tests and
+  the bench's ``queue`` mode); imported by name, so this package does not need redis-py.
 - :mod:`.models`: small ONNX models and their ``config.pbtxt`` (``onnx`` needed), which
   ``make engine`` builds into ``engines/`` and tests write into temporary repositories.
 """

@@ -244,7 +244,12 @@ class LoadGenerator:
             return exc.code().name
         return "OK"
 
-    async def _measure(self, model: str, drive: Drive, client_cpu_s: Callable[[], float] | None = None) -> Window:
+    async def measure(self, model: str, drive: Drive, client_cpu_s: Callable[[], float] | None = None) -> Window:
+        """One point: ``drive(recorder, stop)`` sends and records requests (``recorder.add`` per
+        answer) until ``stop`` is set, then follows what it sent to its answers and returns; it runs
+        ``warmup_s`` unmeasured, then ``duration_s`` between two :meth:`snapshot` of ``model``.
+        The requests scheduled inside the window are the sample (module docstring). A drive that
+        raises ends the point with its exception."""
         recorder = Recorder()
         stop = asyncio.Event()
         task = asyncio.ensure_future(drive(recorder, stop))
@@ -290,7 +295,7 @@ class LoadGenerator:
         async def drive(recorder: Recorder, stop: asyncio.Event) -> None:
             await asyncio.gather(*(caller(k, recorder, stop) for k in range(concurrency)))
 
-        return await self._measure(model, drive)
+        return await self.measure(model, drive)
 
     async def closed_stream(self, model: str, messages: Sequence[bytes], concurrency: int) -> Window:
         """One ModelStreamInfer stream with ``concurrency`` requests in flight: each answer
@@ -326,7 +331,7 @@ class LoadGenerator:
             await call.done_writing()
             await call.read()  # EOF: the server has finished the call
 
-        return await self._measure(model, drive)
+        return await self.measure(model, drive)
 
     async def open_unary(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray,
                          deadline_s: float | Sequence[float], *, grpc_deadline: bool = False) -> Window:
@@ -353,7 +358,7 @@ class LoadGenerator:
                 call_us = round(CALL_TIMEOUT_S * 1e6)
             schedule = (arrivals, keys, call_us)
             async with self._go.started(messages, schedule=schedule, connections=len(self._infers)) as run:
-                return await self._measure(model, lambda recorder, stop: run.drive(recorder, stop, deadlines),
+                return await self.measure(model, lambda recorder, stop: run.drive(recorder, stop, deadlines),
                                            run.cpu_s)
 
         async def one(k: int, scheduled: float, recorder: Recorder) -> None:
@@ -369,7 +374,7 @@ class LoadGenerator:
             ]
             await asyncio.gather(*calls)
 
-        return await self._measure(model, drive)
+        return await self.measure(model, drive)
 
     async def open_stream(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray,
                           deadline_s: float) -> Window:
@@ -398,4 +403,4 @@ class LoadGenerator:
             finally:
                 reader.cancel()
 
-        return await self._measure(model, drive)
+        return await self.measure(model, drive)

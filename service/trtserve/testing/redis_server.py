@@ -1,6 +1,6 @@
-"""A real redis-server (Debian's, 7.0) on 127.0.0.1 at a free port, for the queue door's tests:
-started in a temporary directory with an append-only file fsynced at every write, so a restart
-keeps everything Redis acknowledged."""
+"""A real redis-server (Debian's, 7.0) on 127.0.0.1 at a free port, for the queue door's tests and
+the bench's ``queue`` mode: started in a directory of the caller's; for the tests with an
+append-only file fsynced at every write, so a restart keeps everything Redis acknowledged."""
 
 from __future__ import annotations
 
@@ -29,10 +29,21 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """``RedisServer(directory).start()``: ``url``, ``client()``, ``restart()``, ``stop()``."""
+    """``RedisServer(directory).start()``: ``url``, ``client()``, ``pid``, ``restart()``, ``stop()``.
 
-    def __init__(self, directory: Path) -> None:
+    Args:
+        directory: redis-server's working directory (its append-only file goes there).
+        durable: True: an append-only file fsynced at every write (a restart loses nothing
+            acknowledged; what the fault tests need). False: no persistence at all (the bench,
+            which measures the door, not the disk).
+
+    Raises (``start``):
+        RuntimeError: redis-server exited, or did not answer PING within 5 s.
+    """
+
+    def __init__(self, directory: Path, *, durable: bool = True) -> None:
         self.directory = Path(directory)
+        self.durable = durable
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -40,14 +51,20 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "start() first"
+        return self.process.pid
+
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port)
 
     def start(self) -> RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.durable else ["--appendonly", "no"]
         self.process = subprocess.Popen(
             [BINARY, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-             "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--protected-mode", "yes"],
+             "--save", "", *persistence, "--protected-mode", "yes"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = self.client()
         for _ in range(500):  # ready when it answers PING (a fresh server: milliseconds)
