@@ -19,7 +19,7 @@ for want in "${WANT[@]}"; do
                golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc) ;;
     # not a client: what `make image` builds and runs the container image with (only on request)
     image) PKGS+=(podman runc mmdebstrap) ;;
-    # not a client either: the real Redis the queue door's tests start (tests/redis_server.py)
+    # not a client either: the real Redis the queue door's tests, the bench and clients/run_all.sh start (trtserve.testing.redis_server)
     redis) command -v redis-server >/dev/null || PKGS+=(redis-server) ;;
     *) echo "unknown toolchain '$want' (node, cpp, go, image, redis)" >&2; exit 2 ;;
   esac
