@@ -117,8 +117,8 @@ def load_specs(model_dir: Path, config: mc.ModelConfig | None = None) -> list[Mo
     platform comes from ``platform`` or ``backend``; with neither it is inferred from the
     model file present (``model.onnx`` → onnxruntime_onnx, ``model.py`` → python,
     ``model.plan`` → tensorrt_plan, ``model.pt``/``model.pt2`` → pytorch_libtorch). A
-    tensorrt_plan model whose version directory also holds ``model.onnx`` becomes onnxruntime_onnx on a machine without TensorRT or a CUDA device
-    (see ``_platform``).
+    tensorrt_plan model whose version directory also holds ``model.onnx`` becomes
+    onnxruntime_onnx on a machine without TensorRT or a CUDA device (see ``_platform``).
 
     Args:
         model_dir: ``engines/<model>``.
