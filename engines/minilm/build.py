@@ -213,6 +213,47 @@ def _verify(onnx_path: pathlib.Path, module, max_len: int) -> dict:
     return result
 
 
+def sentence_embedding(hf_dir: pathlib.Path):
+    """The eval-mode fp32 CPU ``torch.nn.Module`` that every export of this model starts from:
+    input_ids, attention_mask (INT64 [batch, sequence]) -> FP32 [batch, 384], the BERT encoder
+    with sentence-transformers' mean pooling and L2 normalisation (also engines/minilm_pt)."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    class SentenceEmbedding(torch.nn.Module):
+        """BERT encoder + sentence-transformers mean pooling + L2 normalisation."""
+
+        def __init__(self, encoder: torch.nn.Module) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            hidden = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=torch.zeros_like(input_ids),
+            ).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            summed = torch.sum(hidden * mask, dim=1)
+            counts = torch.clamp(mask.sum(dim=1), min=1e-9)
+            return F.normalize(summed / counts, p=2, dim=1, eps=1e-12)
+
+    torch.manual_seed(0)
+    # "eager" attention traces to the classic BERT pattern (MatMul, Add mask, Softmax,
+    # MatMul) that ONNX Runtime and TensorRT know; the default "sdpa" path exports the
+    # same math plus IsNaN/Where guards and is no faster under ORT on CPU. The numbers
+    # agree with the sdpa reference to float rounding (checked by the STS-B Spearman).
+    encoder = AutoModel.from_pretrained(
+        str(hf_dir), local_files_only=True, attn_implementation="eager"
+    )
+    module = SentenceEmbedding(encoder).to(device="cpu", dtype=torch.float32).eval()
+    return module
+
+
 def copy_tokenizer(version_dir: pathlib.Path) -> list[str]:
     """Copy ``TOKENIZER_FILES`` from the package's model directory into ``version_dir``
     (each atomically), skipping a file whose bytes are already the package's; returns the
@@ -266,42 +307,11 @@ def build(model_dir: pathlib.Path, *, force: bool = False) -> bool:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
-    import torch.nn.functional as F
-    from transformers import AutoModel
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
 
     hf_dir = package_model_dir()
     max_len = max_seq_length(hf_dir)
 
-    class SentenceEmbedding(torch.nn.Module):
-        """BERT encoder + sentence-transformers mean pooling + L2 normalisation."""
-
-        def __init__(self, encoder: torch.nn.Module) -> None:
-            super().__init__()
-            self.encoder = encoder
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            hidden = self.encoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                token_type_ids=torch.zeros_like(input_ids),
-            ).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            summed = torch.sum(hidden * mask, dim=1)
-            counts = torch.clamp(mask.sum(dim=1), min=1e-9)
-            return F.normalize(summed / counts, p=2, dim=1, eps=1e-12)
-
-    torch.manual_seed(0)
-    # "eager" attention traces to the classic BERT pattern (MatMul, Add mask, Softmax,
-    # MatMul) that ONNX Runtime and TensorRT know; the default "sdpa" path exports the
-    # same math plus IsNaN/Where guards and is no faster under ORT on CPU. The numbers
-    # agree with the sdpa reference to float rounding (checked by the STS-B Spearman).
-    encoder = AutoModel.from_pretrained(
-        str(hf_dir), local_files_only=True, attn_implementation="eager"
-    )
-    module = SentenceEmbedding(encoder).to(device="cpu", dtype=torch.float32).eval()
+    module = sentence_embedding(hf_dir)
 
     # Trace sample: batch (3) != sequence (7) and with padding, so that no dimension is
     # confused with another and the padding-mask path is the one traced.

@@ -35,6 +35,8 @@ PLATFORMS = {
     "python": "python",
     "tensorrt_plan": "tensorrt_plan",
     "tensorrt": "tensorrt_plan",
+    "pytorch_libtorch": "pytorch_libtorch",
+    "pytorch": "pytorch_libtorch",
 }
 
 
@@ -68,7 +70,7 @@ HONOURED_CONTAINERS = frozenset({
 SERVER_PARAMETERS = frozenset({
     "batching", "adaptive_batch_size", "latency_budget_us", "priority_aging_us", "length_bucketing",
     "pad_value", "split_oversized_requests", "warmup_length",
-    "ort_cpu_mem_arena", "ort_mem_pattern", "ort_intra_op_spinning", "isolation",
+    "ort_cpu_mem_arena", "ort_mem_pattern", "ort_intra_op_spinning", "isolation", "torch_cuda_graphs",
     "openai_embeddings", "matryoshka_dimensions",
 })
 
@@ -115,9 +117,9 @@ def load_specs(model_dir: Path, config: mc.ModelConfig | None = None) -> list[Mo
     Which versions are served follows ``version_policy`` (:func:`served_versions`). The
     platform comes from ``platform`` or ``backend``; with neither it is inferred from the
     model file present (``model.onnx`` → onnxruntime_onnx, ``model.py`` → python,
-    ``model.plan`` → tensorrt_plan). A tensorrt_plan model whose version directory also holds
-    ``model.onnx`` becomes onnxruntime_onnx on a machine without TensorRT or a CUDA device
-    (see ``_platform``).
+    ``model.plan`` → tensorrt_plan, ``model.pt``/``model.pt2`` → pytorch_libtorch). A
+    tensorrt_plan model whose version directory also holds ``model.onnx`` becomes
+    onnxruntime_onnx on a machine without TensorRT or a CUDA device (see ``_platform``).
 
     Args:
         model_dir: ``engines/<model>``.
@@ -275,7 +277,8 @@ def _declared_or_found_platform(config: mc.ModelConfig, version_dir: Path, path:
                 f"{path}: unknown platform/backend '{declared}'; trtserve serves {sorted(set(PLATFORMS))}"
             )
         return PLATFORMS[declared]
-    found_by_file = (("model.plan", "tensorrt_plan"), ("model.onnx", "onnxruntime_onnx"), ("model.py", "python"))
+    found_by_file = (("model.plan", "tensorrt_plan"), ("model.onnx", "onnxruntime_onnx"), ("model.py", "python"),
+                     ("model.pt2", "pytorch_libtorch"), ("model.pt", "pytorch_libtorch"))
     for filename, platform in found_by_file:
         if (version_dir / filename).exists():
             return platform

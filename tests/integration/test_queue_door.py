@@ -22,7 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from servers import ServerThread
-from trtserve.client.queue import QueueClient, QueueResult
+from trtserve.client.redis_queue import QueueClient, QueueResult
 from trtserve.frontend.queue.door import QueueSettings
 from trtserve.protocol.queue import GROUP, dead_key, result_key, stream_key
 from trtserve.testing.redis_server import RedisServer, missing_reason

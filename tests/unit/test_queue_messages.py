@@ -64,3 +64,15 @@ def test_redis_flags_need_the_url_and_are_honoured():
     assert (settings.max_deliveries, settings.claim_idle, settings.result_ttl) == (2, 30.0, 3600.0)
     with pytest.raises(ValueError, match="redis://"):
         _queue(build_parser().parse_args(["serve", "--redis-url", "http://x"]))
+
+
+def test_the_queue_client_leaves_the_grpc_clients_stream_working():
+    """The Redis queue client once lived in ``trtserve.client.queue``: importing it made the package's
+    ``queue`` name that submodule, and every later ``Client.stream_infer`` in the process failed
+    (``module 'trtserve.client.queue' has no attribute 'Queue'``)."""
+    import queue
+
+    import trtserve.client as client
+    import trtserve.client.redis_queue  # noqa: F401
+
+    assert client.queue is queue

@@ -51,6 +51,19 @@ def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backe
         from trtserve.runtimes.python import PythonBackend
 
         return PythonBackend(spec)
+    if spec.platform == "pytorch_libtorch":
+        from trtserve.runtimes.torch import TorchBackend
+
+        return TorchBackend(
+            spec.version_dir,
+            config_inputs=spec.inputs,
+            config_outputs=spec.outputs,
+            slots=spec.instances,
+            batched=spec.batched,
+            pad_value=spec.policy.pad_value,
+            nice=options.compute_nice,
+            cuda_graphs=_flag(spec, "torch_cuda_graphs", True),
+        )
     if spec.platform == "tensorrt_plan":
         # Raises GpuUnavailable (a BackendError) with one sentence where TensorRT or a CUDA
         # device is missing; repository.load_spec already picked model.onnx in that case

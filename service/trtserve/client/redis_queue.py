@@ -3,7 +3,7 @@ results later, from any process.
 
 Example::
 
-    from trtserve.client.queue import QueueClient
+    from trtserve.client.redis_queue import QueueClient
 
     with QueueClient("redis://127.0.0.1:6379/0") as queue:
         ids = [queue.enqueue("tiny", {"INPUT": row[None]}) for row in rows]

@@ -1,0 +1,1 @@
+../minilm/handler.py
