@@ -214,7 +214,7 @@ def test_the_automatic_inflight_bound_of_bounded_queues_refuses_the_rest(make_se
     assert wait_for(lambda: srv.service.inflight.limit == 3, 10)
     with srv.client() as c, ThreadPoolExecutor(3) as pool:
         held = [pool.submit(c.infer, "slow", row(1.0 + i), timeout=60) for i in range(3)]
-        assert wait_for(lambda: srv.admitted == 3, 10)
+        assert wait_for(lambda: srv.admitted == 3, 50)  # a batch takes 3 s: all three stay admitted
         code, details = details_of(c.stub.ModelInfer, build_request("slow", row(9.0)), timeout=60)
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-inflight-rpcs auto: 3" in details, details
         for i, f in enumerate(held):
