@@ -101,22 +101,24 @@ def request_bodies(model: str, texts: Sequence[str], per_request: int) -> list[b
             for b in range(count)]
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> str:
-    """One request; ``OK`` on 200 with its body read, else the status or the exception's name."""
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[str, bytes]:
+    """One request: ``OK`` and the body on 200, else the status or the exception's name (and no body)."""
     try:
         async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
-            await response.read()
-            return OK if response.status == 200 else str(response.status)
+            answer = await response.read()
+            return (OK, answer) if response.status == 200 else (str(response.status), b"")
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        return type(exc).__name__
+        return type(exc).__name__, b""
 
 
 async def closed_loop(
     url: str, model: str, server: str, bodies: Sequence[bytes], per_request: int, callers: int, warmup_s: float,
-    duration_s: float, server_cpu_s: Callable[[], float],
+    duration_s: float, server_cpu_s: Callable[[], float], answer: Callable[[int, bytes], None] | None = None,
 ) -> EmbeddingPoint:
     """One point: ``callers`` callers posting ``bodies`` (in turn) to ``url`` (a full
-    ``http://host:port/path``); see the module docstring for the window and the figures."""
+    ``http://host:port/path``); see the module docstring for the window and the figures.
+    ``answer``, when given, is the client's work on each OK answer (the index of its body in
+    ``bodies``, the answer's body), done before the answer counts as come, so inside its latency."""
     sent: list[float] = []
     done: list[float] = []
     codes: list[str] = []
@@ -130,10 +132,12 @@ async def closed_loop(
         async def caller(first: int) -> None:
             i = first
             while not stop.is_set():
-                body = bodies[i % len(bodies)]
+                index = i % len(bodies)
                 i += callers
                 start = time.perf_counter()
-                code = await _post(session, url, body)
+                code, answer_body = await _post(session, url, bodies[index])
+                if answer is not None and code == OK:
+                    answer(index, answer_body)
                 sent.append(start)
                 done.append(time.perf_counter())
                 codes.append(code)
