@@ -20,13 +20,17 @@ client asks for):
   included), L2-normalised.
 
 So both routes run the same engine rows; what differs is who tokenizes, cuts and pools, and how
-many vectors come back. Each point is :func:`~.embeddings.closed_loop` at one number of callers
-(:data:`LONG_TEXT_CALLERS` by default): texts/s counts documents, p50/p99 is send → answer
-decoded (and, ``windows``, pooled), the server's CPU per document is its process tree's
-(:mod:`.proctree`). The client's own work per answer is timed beside it (µs per document). The
-points run ``chunk`` then ``windows`` at each number of callers, so the two of a pair are
-measured close in time. The last pooled vector of each document on each route is kept: their
-largest difference (absolute, per component) says the two routes computed the same embeddings.
+many vectors come back. Each point is one route at one number of callers
+(:data:`LONG_TEXT_CALLERS` by default), closed loop (:func:`~.embeddings.closed_loop_window`):
+texts/s counts documents, p50/p99 is send → answer decoded (and, ``windows``, pooled), the
+server's CPU per document is its process tree's (:mod:`.proctree`). The client's own work per
+answer is timed beside it (µs per document). The two routes of a number of callers are measured
+in :data:`ORDER` (chunk, windows, windows, chunk), each leg a closed loop of its own (warm-up
+included) with half of ``--duration`` as its window, and each route's two windows are taken
+together: a load that drifts evenly over the four legs weighs on both routes alike, which
+matters on a machine shared with other work. The last pooled vector of each document on each
+route is kept: their largest difference (absolute, per component) says the two routes computed
+the same embeddings.
 
 Targets (:func:`long_text_targets`): the pooling costs less than :data:`POOLING_COST` at every
 number of callers: ``chunk``'s texts/s ≥ (1 − :data:`POOLING_COST`) × ``windows``', and its p50 ≤
@@ -54,7 +58,9 @@ from trtserve.harness.benchlib.embeddings import (
     EMBEDDINGS_MODEL,
     TRTSERVE_PATH,
     EmbeddingPoint,
-    closed_loop,
+    LoopWindow,
+    closed_loop_window,
+    summarise,
 )
 from trtserve.harness.benchlib.proctree import tree_cpu_seconds
 from trtserve.harness.benchlib.report import SERVER, Target, fmt
@@ -77,6 +83,8 @@ WINDOWS = "windows"
 """Route: the document's windows sent as separate texts of one request, pooled by the client."""
 ENCODING = "base64"
 """``encoding_format`` of every long-text request."""
+ORDER = (CHUNK, WINDOWS, WINDOWS, CHUNK)
+"""The legs of each number of callers, each route's two taken together."""
 
 
 @dataclass(frozen=True)
@@ -242,16 +250,18 @@ async def long_text_sweep(
     url: str, server: str, model: str, docs: Sequence[WindowedDocument], callers: Iterable[int], warmup_s: float,
     duration_s: float, server_cpu_s: Callable[[], float],
 ) -> LongTextRun:
-    """Both routes at each number of ``callers`` against ``url`` (``http://host:port/path``), each
-    point printed as it ends."""
+    """Both routes at each number of ``callers`` against ``url`` (``http://host:port/path``), in
+    legs of :data:`ORDER` of ``duration_s / 2`` each; each point printed as it ends."""
     bodies = {route: [request_body(model, route, d) for d in docs] for route in (CHUNK, WINDOWS)}
     points, differences = [], []
     for n in callers:
         clients = {route: _Client(route, docs) for route in (CHUNK, WINDOWS)}
+        legs: dict[str, list[LoopWindow]] = {route: [] for route in clients}
+        for route in ORDER:
+            legs[route].append(await closed_loop_window(url, bodies[route], n, warmup_s, duration_s / 2,
+                                                        server_cpu_s, clients[route].answer))
         for route, client in clients.items():
-            point = await closed_loop(url, model, server, bodies[route], 1, n, warmup_s, duration_s, server_cpu_s,
-                                      client.answer)
-            points.append(LongTextPoint(route, point, client.us_per_text()))
+            points.append(LongTextPoint(route, summarise(server, model, 1, n, legs[route]), client.us_per_text()))
             print(f"{model:8} {EMBEDDINGS_MODE:13} long {format_row(points[-1])}", flush=True)
         mine, theirs = clients[CHUNK].vectors, clients[WINDOWS].vectors
         differences += [float(np.abs(mine[i] - theirs[i]).max()) for i in mine.keys() & theirs.keys()]
