@@ -49,6 +49,7 @@ def test_embeddings_mode_serves_both_request_sizes_without_errors(engines, tmp_p
         assert q["texts_per_s"] > 0 and q["p50_ms"] > 0 and q["server_cpu_us_per_text"] > 0, p
         assert p["client_us_per_text"] > 0, p
     assert long_text["max_abs_difference"] <= 1e-5  # the server pools as the client does
+    assert set(long_text["handler_cpu_ms"]) == {"chunk", "windows"} and min(long_text["handler_cpu_ms"].values()) > 0
     # No peer ran: the only embeddings targets are the long texts' chunk against windows, texts/s and p50.
     names = [t["name"] for t in report["targets"] if " embeddings " in t["name"]]
     assert len(names) == 2 and all(n.startswith("minilm embeddings long texts, 1 caller(s): chunk ") for n in names)

@@ -32,6 +32,11 @@ matters on a machine shared with other work. The last pooled vector of each docu
 route is kept: their largest difference (absolute, per component) says the two routes computed
 the same embeddings.
 
+Beside the points, a figure no other load on the machine can move (:func:`handler_cpu_ms`): the
+handler's own CPU per document, in the bench process, for each route (``chunk``: ``chunk`` and
+its ``gather``; ``windows``: ``preprocess`` and ``postprocess`` of the windows' texts), against
+which the engine's CPU per document (the server's CPU per text) says what the pooling can cost.
+
 Targets (:func:`long_text_targets`): the pooling costs less than :data:`POOLING_COST` at every
 number of callers: ``chunk``'s texts/s ≥ (1 − :data:`POOLING_COST`) × ``windows``', and its p50 ≤
 (1 + :data:`POOLING_COST`) × ``windows``'.
@@ -130,6 +135,7 @@ class LongTextRun:
         points: every point, ``chunk`` then ``windows`` at each number of callers.
         max_abs_difference: the largest |chunk − windows| component of any document's embedding
             answered by both routes (None when none was).
+        handler_cpu_ms: route → the handler's CPU ms per document (:func:`handler_cpu_ms`).
     """
 
     documents: int
@@ -137,6 +143,7 @@ class LongTextRun:
     windows_per_text: float
     points: list[LongTextPoint]
     max_abs_difference: float | None
+    handler_cpu_ms: dict[str, float]
 
 
 def long_documents(texts: Sequence[str], words: int = LONG_TEXT_WORDS, count: int = LONG_DOCUMENTS) -> list[str]:
@@ -178,6 +185,8 @@ class WindowCutter:
         module = sys.modules[type(handler).__module__] if handler is not None else None
         if module is None or not hasattr(module, "windows") or not hasattr(handler, "stride"):
             raise ValueError(f"model '{spec.name}' has no handler that cuts long texts into windows")
+        self.handler = handler
+        """The model's handler (the same code the server runs)."""
         self._windows = module.windows
         self._pieces = Tokenizer.from_file(str(Path(spec.version_dir) / module.TOKENIZER_FILE))
         self._pieces.no_truncation()
@@ -202,6 +211,41 @@ class WindowCutter:
             parts.append(part)
             tokens.append(end - start + self._specials)
         return WindowedDocument(text, tuple(parts), tuple(tokens))
+
+
+def handler_cpu_ms(handler, docs: Sequence[WindowedDocument], rounds: int = 3) -> dict[str, float]:
+    """The CPU ms per document (``time.process_time``: every thread of the bench process) of the
+    server's handler stages for each route, over ``rounds`` passes through ``docs``: ``chunk``
+    and its ``gather`` for :data:`CHUNK`, ``preprocess`` of the windows' texts and ``postprocess``
+    for :data:`WINDOWS`. The engine's outputs are stood in for by unit vectors of the right shape
+    (the stages' cost does not depend on their values); names and width are the handler module's
+    ``INPUT_NAME``, ``OUTPUT_NAME`` and ``EMBEDDING_DIM``."""
+    module = sys.modules[type(handler).__module__]
+    dim = module.EMBEDDING_DIM
+
+    def texts(items: Sequence[str]) -> dict[str, np.ndarray]:
+        return {module.INPUT_NAME: np.array([[t.encode()] for t in items], dtype=object)}
+
+    def outputs(rows: int) -> list[dict[str, np.ndarray]]:
+        return [{module.OUTPUT_NAME: np.full((1, dim), dim ** -0.5, dtype=np.float32)} for _ in range(rows)]
+
+    def chunk(doc: WindowedDocument) -> None:
+        fanout = handler.chunk(texts([doc.text]))
+        fanout.gather(outputs(len(fanout.segments)))
+
+    def windows(doc: WindowedDocument) -> None:
+        inputs = texts(doc.parts)
+        handler.postprocess(inputs, outputs(len(handler.preprocess(inputs))))
+
+    cost = {}
+    for route, stage in ((CHUNK, chunk), (WINDOWS, windows)):
+        stage(docs[0])  # first call: lazy set-up out of the figure
+        start = time.process_time()
+        for _ in range(rounds):
+            for doc in docs:
+                stage(doc)
+        cost[route] = (time.process_time() - start) / (rounds * len(docs)) * 1e3
+    return cost
 
 
 def embeddings_of(body: bytes) -> np.ndarray:
@@ -248,7 +292,7 @@ def request_body(model: str, route: str, doc: WindowedDocument) -> bytes:
 
 async def long_text_sweep(
     url: str, server: str, model: str, docs: Sequence[WindowedDocument], callers: Iterable[int], warmup_s: float,
-    duration_s: float, server_cpu_s: Callable[[], float],
+    duration_s: float, server_cpu_s: Callable[[], float], handler_ms: dict[str, float],
 ) -> LongTextRun:
     """Both routes at each number of ``callers`` against ``url`` (``http://host:port/path``), in
     legs of :data:`ORDER` of ``duration_s / 2`` each; each point printed as it ends."""
@@ -268,7 +312,7 @@ async def long_text_sweep(
     return LongTextRun(
         documents=len(docs), words_per_text=float(np.mean([len(d.text.split()) for d in docs])),
         windows_per_text=float(np.mean([len(d.parts) for d in docs])), points=points,
-        max_abs_difference=max(differences) if differences else None,
+        max_abs_difference=max(differences) if differences else None, handler_cpu_ms=handler_ms,
     )
 
 
@@ -306,7 +350,9 @@ def format_long_text_table(run: LongTextRun | None) -> str:
         f"embeddings, long texts ({EMBEDDINGS_MODEL}, {run.documents} documents of {run.words_per_text:.0f} words, "
         f"{run.windows_per_text:.1f} windows each; one per request, {ENCODING}):", format_header(),
         *(format_row(p) for p in run.points), *ratios,
-        f"largest |chunk - windows| embedding component: {fmt(run.max_abs_difference, '.1e')}", ""])
+        f"largest |chunk - windows| embedding component: {fmt(run.max_abs_difference, '.1e')}",
+        "handler CPU per text (bench process): "
+        + ", ".join(f"{route} {ms:.2f} ms" for route, ms in run.handler_cpu_ms.items()), ""])
 
 
 def long_text_targets(run: LongTextRun | None) -> list[Target]:
@@ -343,6 +389,7 @@ def trtserve_long_text_run(args: argparse.Namespace, server: ServerProcess, text
         raise SystemExit(f"mode '{EMBEDDINGS_MODE}': trtserve printed no 'trtserve HTTP on' line")
     cutter = WindowCutter(load_spec(args.model_repository / EMBEDDINGS_MODEL))
     docs = [cutter.cut(d) for d in long_documents(texts)]
+    handler_ms = handler_cpu_ms(cutter.handler, docs)
     return asyncio.run(long_text_sweep(f"http://{server.http_url}{TRTSERVE_PATH}", SERVER, EMBEDDINGS_MODEL, docs,
                                        args.long_text_callers, args.warmup, args.duration,
-                                       lambda: tree_cpu_seconds(server.pid)))
+                                       lambda: tree_cpu_seconds(server.pid), handler_ms))
