@@ -21,6 +21,9 @@ text in µs (its whole process tree, :mod:`.proctree`, over the window ÷ the te
 it). Targets (:func:`embeddings_targets`): trtserve's
 texts/s ≥ :data:`THROUGHPUT_RATIO` × the peer's at every (request size, callers), and
 trtserve's p50 at one caller ≤ the peer's, per request size.
+
+The mode's long documents (``"long_text": "chunk"`` against the same windows sent apart) are
+:mod:`.longtext`'s, on the same loop (:func:`closed_loop_window`, :func:`summarise`).
 """
 
 from __future__ import annotations
