@@ -38,7 +38,10 @@ for each model:
 9. ``embeddings`` (``benchlib.embeddings``, minilm only; the server under test then also opens
    its HTTP door, ``--allow-http true --http-port 0``): sentence embeddings through
    ``POST /v1/embeddings``, requests of 1 and of 32 corpus sentences, closed loop at each
-   ``--concurrency``; texts/s, p50/p99, errors and the server's CPU per text.
+   ``--concurrency``; texts/s, p50/p99, errors and the server's CPU per text. Then long texts
+   (``benchlib.longtext``): ~2,000-word documents of corpus sentences, one per request at each
+   ``--long-text-callers``, sent whole with ``"long_text": "chunk"`` beside the same windows sent
+   as separate texts and pooled by the client; the chunk/windows ratios (pooling must cost < 5 %).
 10. ``gpu-shaped`` (``benchlib.gpushaped``; a server of its own, whatever ``--models``): the
     ``slow`` model copied with a GPU-like curve (4 ms + 0.1 ms a row, max batch 64, asleep),
     requests of ``--gpu-rows`` rows: closed loop against the engine's capacity, open loop at 80 %
@@ -127,6 +130,12 @@ from trtserve.harness.benchlib.gpushaped import (
 from trtserve.harness.benchlib.httpclient import RestClient
 from trtserve.harness.benchlib.infinity import infinity_points
 from trtserve.harness.benchlib.load import LoadGenerator, open_channels
+from trtserve.harness.benchlib.longtext import (
+    LONG_TEXT_CALLERS,
+    format_long_text_table,
+    long_text_targets,
+    trtserve_long_text_run,
+)
 from trtserve.harness.benchlib.null_server import null_server
 from trtserve.harness.benchlib.overload import (
     MIXED_MODE,
@@ -305,6 +314,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "'auto' (go when built; default)")
     add("--serve-args", default="",
         help="more 'trtserve serve' flags for the server under test, one string (e.g. '--max-inflight-rpcs 8')")
+    add("--long-text-callers", type=_ints, default=list(LONG_TEXT_CALLERS),
+        help=f"mode '{EMBEDDINGS_MODE}', long texts: callers per point, comma-separated "
+             f"(default: {','.join(map(str, LONG_TEXT_CALLERS))})")
     add("--gpu-rows", type=_ints, default=list(ROWS_PER_REQUEST),
         help=f"mode '{GPU_MODE}': rows per request, one set of points each, comma-separated "
              f"(default: {','.join(map(str, ROWS_PER_REQUEST))})")
@@ -345,6 +357,7 @@ def run(args: argparse.Namespace) -> int:
     raws: dict[str, RawReference] = {}
     points: list[Point] = []
     embedding_points = []
+    long_text = None
     if main:
         serve_args = (*frontends,
                       *(("--allow-http", "true", "--http-port", "0") if HTTP in args.protocol or embeddings else ()),
@@ -354,6 +367,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"server under test: pid {server.pid} at {server.url}{http}", flush=True)
             raws, points = asyncio.run(_bench(args, workloads, server, rng, use_go))
             embedding_points = trtserve_points(args, server, texts) if embeddings else []
+            long_text = trtserve_long_text_run(args, server, texts) if embeddings else None
     if args.floor and SWEEP_MODE in args.modes:
         with null_server() as floor:
             print(f"null server (the transport's floor): pid {floor.pid} at {floor.url}, HTTP at {floor.http_url}",
@@ -384,12 +398,14 @@ def run(args: argparse.Namespace) -> int:
     print(format_mixed_table(points))
     print(format_refusal_table(points))
     print(format_embeddings_table(embedding_points))
+    print(format_long_text_table(long_text))
     print(format_gpu_table(gpu_points, ideals))
     print(format_queue_table(queue_results))
     targets = (check_targets(points, raws) + anchor_targets(points, raws) + protocol_targets(points)
                + floor_targets(points)
                + policy_targets(points) + overload_targets(points) + mixed_targets(points) + refusal_targets(points)
-               + embeddings_targets(embedding_points) + gpu_targets(gpu_points, ideals) + queue_targets(queue_results))
+               + embeddings_targets(embedding_points) + long_text_targets(long_text) + gpu_targets(gpu_points, ideals)
+               + queue_targets(queue_results))
     print("targets:")
     for target in targets:
         print("  " + target.line())
@@ -414,6 +430,7 @@ def run(args: argparse.Namespace) -> int:
         "raw": {m: r.summary() for m, r in raws.items()},
         "points": [dataclasses.asdict(p) for p in points],
         "embeddings": [dataclasses.asdict(p) for p in embedding_points],
+        "embeddings_long_text": dataclasses.asdict(long_text) if long_text else None,
         GPU_MODE: {"points": [dataclasses.asdict(p) for p in gpu_points], "simulator_ideal_misses": ideals},
         QUEUE_MODE: [dataclasses.asdict(p) for p in queue_results],
         "targets": [dataclasses.asdict(t) for t in targets],

@@ -21,6 +21,9 @@ text in µs (its whole process tree, :mod:`.proctree`, over the window ÷ the te
 it). Targets (:func:`embeddings_targets`): trtserve's
 texts/s ≥ :data:`THROUGHPUT_RATIO` × the peer's at every (request size, callers), and
 trtserve's p50 at one caller ≤ the peer's, per request size.
+
+The mode's long documents (``"long_text": "chunk"`` against the same windows sent apart) are
+:mod:`.longtext`'s, on the same loop (:func:`closed_loop_window`, :func:`summarise`).
 """
 
 from __future__ import annotations
@@ -101,14 +104,31 @@ def request_bodies(model: str, texts: Sequence[str], per_request: int) -> list[b
             for b in range(count)]
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> str:
-    """One request; ``OK`` on 200 with its body read, else the status or the exception's name."""
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[str, bytes]:
+    """One request: ``OK`` and the body on 200, else the status or the exception's name (and no body)."""
     try:
         async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
-            await response.read()
-            return OK if response.status == 200 else str(response.status)
+            answer = await response.read()
+            return (OK, answer) if response.status == 200 else (str(response.status), b"")
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        return type(exc).__name__
+        return type(exc).__name__, b""
+
+
+@dataclass(frozen=True)
+class LoopWindow:
+    """What one closed loop's measuring window saw.
+
+    Attributes:
+        window_s: its length in seconds.
+        server_cpu_s: the server process tree's CPU seconds in it.
+        codes: the code of each answer that came inside it (:data:`OK`, an HTTP status, an exception's name).
+        latency_us: send → answer in µs of each OK answer among them.
+    """
+
+    window_s: float
+    server_cpu_s: float
+    codes: tuple[str, ...]
+    latency_us: np.ndarray
 
 
 async def closed_loop(
@@ -117,6 +137,18 @@ async def closed_loop(
 ) -> EmbeddingPoint:
     """One point: ``callers`` callers posting ``bodies`` (in turn) to ``url`` (a full
     ``http://host:port/path``); see the module docstring for the window and the figures."""
+    window = await closed_loop_window(url, bodies, callers, warmup_s, duration_s, server_cpu_s)
+    return summarise(server, model, per_request, callers, [window])
+
+
+async def closed_loop_window(
+    url: str, bodies: Sequence[bytes], callers: int, warmup_s: float, duration_s: float,
+    server_cpu_s: Callable[[], float], answer: Callable[[int, bytes], None] | None = None,
+) -> LoopWindow:
+    """The window of one closed loop (see the module docstring): ``callers`` callers posting
+    ``bodies`` in turn to ``url``. ``answer``, when given, is the client's work on each OK answer
+    (the index of its body in ``bodies``, the answer's body), done before the answer counts as
+    come, so inside its latency."""
     sent: list[float] = []
     done: list[float] = []
     codes: list[str] = []
@@ -130,10 +162,12 @@ async def closed_loop(
         async def caller(first: int) -> None:
             i = first
             while not stop.is_set():
-                body = bodies[i % len(bodies)]
+                index = i % len(bodies)
                 i += callers
                 start = time.perf_counter()
-                code = await _post(session, url, body)
+                code, answer_body = await _post(session, url, bodies[index])
+                if answer is not None and code == OK:
+                    answer(index, answer_body)
                 sent.append(start)
                 done.append(time.perf_counter())
                 codes.append(code)
@@ -154,16 +188,22 @@ async def closed_loop(
     sent_at, done_at = np.asarray(sent), np.asarray(done)
     keep = (done_at >= window_start) & (done_at < window_end)
     kept_codes = np.asarray(codes, dtype=object)[keep]
-    ok = kept_codes == OK
-    window_s = window_end - window_start
-    latency_us = (done_at[keep] - sent_at[keep])[ok] * 1e6
-    pct = percentiles_ms(latency_us, (50, 99))
-    texts = int(ok.sum()) * per_request
+    return LoopWindow(window_s=window_end - window_start, server_cpu_s=cpu_after - cpu_before,
+                      codes=tuple(kept_codes), latency_us=(done_at[keep] - sent_at[keep])[kept_codes == OK] * 1e6)
+
+
+def summarise(server: str, model: str, per_request: int, callers: int, windows: Sequence[LoopWindow]) -> EmbeddingPoint:
+    """One point's figures from the windows of one or more closed loops of the same requests and
+    callers, taken together (lengths, CPU, answers and latencies summed or pooled)."""
+    window_s = sum(w.window_s for w in windows)
+    codes = [c for w in windows for c in w.codes]
+    pct = percentiles_ms(np.concatenate([w.latency_us for w in windows]), (50, 99))
+    texts = sum(c == OK for c in codes) * per_request
     return EmbeddingPoint(
         server=server, model=model, texts_per_request=per_request, callers=callers, window_s=window_s,
-        requests=int(keep.sum()), texts_per_s=texts / window_s, p50_ms=pct[50],
-        p99_ms=pct[99], errors=dict(Counter(c for c in kept_codes if c != OK)),
-        server_cpu_us_per_text=(cpu_after - cpu_before) / texts * 1e6 if texts else None,
+        requests=len(codes), texts_per_s=texts / window_s, p50_ms=pct[50],
+        p99_ms=pct[99], errors=dict(Counter(c for c in codes if c != OK)),
+        server_cpu_us_per_text=sum(w.server_cpu_s for w in windows) / texts * 1e6 if texts else None,
     )
 
 
