@@ -369,22 +369,14 @@ class Dispatcher:
         # backend's first suspension, and the code after the run up to the delivery.
         mark = self.host.cpu()
         batch, start = self._started(pieces)
-        freed = False
         try:
             pending = self.backend.run(slot, batch)
             host_cpu = self._launch_cpu.pop(slot, 0.0) + self.host.cpu() - mark
-            outputs = await pending
-            # Free the slot before the outputs go out: the loop's wake-up is then queued ahead of
-            # the callers' (their futures resolve in _ran), so the next batch is launched before
-            # their answers are encoded and sent, and the slot does not wait for that work.
-            self._free(slot)
-            freed = True
-            self._ran(pieces, batch, outputs, start, host_cpu)
+            self._ran(pieces, batch, await pending, start, host_cpu)
         except Exception as exc:
             self._fail_pieces(pieces, exc)
         finally:
-            if not freed:
-                self._free(slot)
+            self._free(slot)
 
     def _run_inline(self, slot: int, pieces: Sequence[Piece], cpu_mark: float) -> None:
         # Host CPU: the decision and launch up to the run; the run itself is the engine's.
