@@ -10,9 +10,9 @@ before any clock starts; an answer counts as OK on HTTP 200 with its whole body 
 body is not parsed, so the client's cost per call stays small and equal for both servers).
 Each point runs unmeasured for ``--warmup`` seconds *and* until every caller has had its first
 answer (with 64 callers of 32 texts a round is many seconds, and the first round's latencies are
-not the steady state's), then a window of ``--duration`` seconds: the answers that come inside
-the window are its sample. After the window the callers stop and their requests in flight are
-awaited unmeasured, so no queue is left behind for the next point (or the next server).
+not the steady state's), then a window of ``--duration`` seconds (longer, until an answer has
+come inside it): the answers that come inside the window are its sample. After the window the
+callers stop and their requests in flight are awaited unmeasured, so no queue is left behind for the next point (or the next server).
 
 Figures per point: texts/s (texts of the OK answers in the window ÷ its length: the served
 rate, counted where it is delivered), p50/p99 latency in ms (send → answer, OK answers in the
@@ -180,6 +180,11 @@ async def closed_loop_window(
             await asyncio.gather(asyncio.sleep(warmup_s), all_answered.wait())
             cpu_before, window_start = server_cpu_s(), time.perf_counter()
             await asyncio.sleep(duration_s)
+            # A window lasts until an answer has come inside it too: on a loaded machine a call
+            # (a long document: hundreds of ms quiet) can outlast a short window, and a rate over
+            # no answer says nothing.
+            while not done or done[-1] < window_start:
+                await asyncio.sleep(0.01)
             cpu_after, window_end = server_cpu_s(), time.perf_counter()
             stop.set()
             await task
