@@ -12,7 +12,8 @@ Each point runs unmeasured for ``--warmup`` seconds *and* until every caller has
 answer (with 64 callers of 32 texts a round is many seconds, and the first round's latencies are
 not the steady state's), then a window of ``--duration`` seconds (longer, until an answer has
 come inside it): the answers that come inside the window are its sample. After the window the
-callers stop and their requests in flight are awaited unmeasured, so no queue is left behind for the next point (or the next server).
+callers stop and their requests in flight are awaited unmeasured, so no queue is left behind for
+the next point (or the next server).
 
 Figures per point: texts/s (texts of the OK answers in the window ÷ its length: the served
 rate, counted where it is delivered), p50/p99 latency in ms (send → answer, OK answers in the
