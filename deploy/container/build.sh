@@ -59,7 +59,10 @@ if [ ! -f "$WHEELS/.stamp" ] || [ pyproject.toml -nt "$WHEELS/.stamp" ]; then
   nice -n 10 "$PYTHON" -m pip download --quiet --dest "$WHEELS" --only-binary=:all: \
     --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \
     --platform manylinux2014_x86_64 "${platforms[@]}" --platform any \
-    --constraint "$WHEELS/constraints.txt" --find-links "$WHEELS" 'trtserve[server]'
+    --constraint "$WHEELS/constraints.txt" --find-links "$WHEELS" 'trtserve[server]' \
+    'async-timeout>=4.0.3'
+  # (pip evaluates dependency markers with this machine's Python, not the target's: redis needs
+  # async-timeout on bookworm's 3.11.2, python_full_version < "3.11.3", so it is named above.)
   touch "$WHEELS/.stamp"
 else
   echo "wheelhouse $WHEELS: dependencies cached (pyproject.toml unchanged)"
