@@ -1,14 +1,14 @@
 """uvicorn's httptools protocol with the limits and connection rules it lacks: every resource a
 client can hold on the HTTP door is bounded, a half-close is answered, and a request whose client
-is gone stops (C49, C51, C52, C54 of the failure reports).
+is gone stops.
 
 uvicorn's only timer is the keep-alive one: it runs only between requests and every byte resets
 it, so a client that trickles a header or a body a byte at a time, or one that connects and never
-sends a byte, held its connection for ever (C49); it sets no limit on the size or number of
+sends a byte, held its connection for ever; it sets no limit on the size or number of
 headers; it takes a half-close (the client's FIN after a whole request) for a disconnect and
-drops the answer (C52); and it tells a non-streaming application of a disconnect only through
+drops the answer; and it tells a non-streaming application of a disconnect only through
 ``receive()``, which a handler waiting for its batch never calls, so a request whose client reset
-the connection while it was queued still ran (C54). :class:`BoundedProtocol` adds, per connection:
+the connection while it was queued still ran. :class:`BoundedProtocol` adds, per connection:
 
 * **one timer** (armed when a request's first byte arrives, re-armed lazily at the current
   deadline, so a kept-alive connection pays about one timer operation per

@@ -1,5 +1,5 @@
 """Long documents in the ``embeddings`` mode of ``trtserve bench``: a text longer than minilm's
-window embedded whole by the server (``"long_text": "chunk"``, issue 40) against the same windows
+window embedded whole by the server (``"long_text": "chunk"``) against the same windows
 cut, sent and pooled by the client, through ``POST /v1/embeddings`` on trtserve.
 
 The documents (:func:`long_documents`): :data:`LONG_DOCUMENTS` texts of at least
