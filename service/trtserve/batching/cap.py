@@ -2,31 +2,42 @@
 
 A load measures a throughput curve and starts from its knee (:mod:`trtserve.engine.warmup`), but
 a load on a busy machine measures every size slow and unevenly, and a cap is never measured above
-itself by traffic: batches never grow past it. So while the queue holds more rows than the cap
-allows, :class:`BatchCap` keeps testing its neighbours by hill climbing:
+itself by traffic: batches never grow past it. A cap can be too large too: a load measures its
+curve on its own sample rows, and a closed loop whose callers keep as many rows in flight as the
+cap (128 callers of 8 rows, cap 1024) never queues more than one batch, so the slot idles while
+each batch's answers go back and the next one fills (measured on an H200, minilm at 256 tokens:
+0.54 of the raw best batch at a cap of 1024), where at half the cap one batch fills while the
+other runs. So :class:`BatchCap` keeps testing its neighbours by hill climbing, half the cap while
+the queue holds a full batch at the cap, twice the cap while it holds more:
 
-* **A probe** runs a batch of a *candidate* size, then one of the cap in force, in turn, and
-  compares each pair's rows per second (in logs), so that whatever else the machine is doing
-  weighs on both sides of a pair alike; only full batches count (a batch the queue or the
-  deadlines cut short measures nothing). It takes :data:`PROBE_PAIRS` to :data:`PROBE_MAX_PAIRS`
-  pairs: it ends as soon as the mean difference clears the bar below by :data:`CONFIDENCE`
-  standard errors either way, and keeps the cap if it never does (noise moves nothing).
+* **A probe** serves in turn a phase at a *candidate* size and a phase at the cap in force, and
+  compares each pair's rows served per second of wall time (in logs): the rows its batches ran
+  over the time from the phase's first batch's start to its last batch's end, the slot's idle
+  time included, which is what a closed loop loses at too large a cap (and in a backlog it is the
+  engine's rows/s). A phase lasts until it has served :data:`PHASE_BATCHES` batches of the larger
+  of the two sizes; whatever else the machine does weighs on both phases of a pair alike. A probe
+  takes :data:`PROBE_PAIRS` to :data:`PROBE_MAX_PAIRS` pairs: it ends as soon as the mean
+  difference clears the bar below by :data:`CONFIDENCE` standard errors either way, and keeps the
+  cap if it never does (noise moves nothing), or if a phase's largest batch is under half the
+  smaller size (the load fell: neither size limits the batches any more).
 * **Up** (twice the cap, at most the hard limit and the largest size whose predicted run time
-  fits the latency budget) is taken when it runs more than :data:`GAIN` more rows per second;
-  then the next size up is probed at once, so a cap climbs from 4 to 32 in three probes.
-* **Down** (half the cap) is taken when it runs at least 1 − :data:`GAIN` of the cap's rows per
-  second (the knee rule of ``trtserve profile``: the smallest size within 5 % of the best, since a
-  smaller batch answers sooner); then the next size down is probed at once.
+  fits the latency budget) is probed while more rows wait than the cap allows, and taken when it
+  serves more than :data:`GAIN` more rows per second; then the next size up is probed at once,
+  so a cap climbs from 4 to 32 in three probes.
+* **Down** (half the cap) is probed while half the cap's rows wait, and taken when it serves at
+  least 1 − :data:`GAIN` of the cap's rows per second (the knee rule of ``trtserve profile``: the
+  smallest size within 5 % of the best, since a smaller batch answers sooner); then the next size
+  down is probed at once.
 * **Between probes**: after a probe that kept the cap, the next one waits :data:`PROBE_EVERY`
-  full batches, doubled after each probe that kept it, up to :data:`PROBE_MAX_EVERY` (and back to
-  :data:`PROBE_EVERY` after a move); probes go up and down in turn. A short noisy spell costs at
-  most a move that the next probes undo; on a quiet machine at the knee every probe keeps the
-  cap, so they thin out to one in :data:`PROBE_MAX_EVERY` full batches.
+  batches of at least half the cap, doubled after each probe that kept it, up to
+  :data:`PROBE_MAX_EVERY` (and back to :data:`PROBE_EVERY` after a move); probes go up and down in
+  turn. A short noisy spell costs at most a move that the next probes undo; on a quiet machine at
+  the knee every probe keeps the cap, so they thin out to one in :data:`PROBE_MAX_EVERY` batches.
 
 A fixed ``max_batch_size`` in a model's config stays a hard limit and the cap is that, unless the
 model asks for ``adaptive_batch_size`` (or leaves ``max_batch_size`` to the server): then the cap
-moves below the hard limit. Touched only from the dispatcher's event loop; no clock (it counts
-batches), so the dispatcher's tests drive it on a fake clock and the policy stays pure.
+moves below the hard limit. Touched only from the dispatcher's event loop; it reads no clock (the
+dispatcher passes each batch's start and end), so the dispatcher's tests drive it on a fake clock.
 """
 
 from __future__ import annotations
@@ -42,16 +53,15 @@ CONFIDENCE = 2.0
 """Standard errors by which a probe's evidence must clear :data:`GAIN` to move the cap (about
 95 %, one-sided)."""
 PROBE_PAIRS = 4
-"""Pairs of full batches (one of each size, in turn) a probe compares at least ..."""
+"""Pairs of phases (one at each size, in turn) a probe compares at least ..."""
 PROBE_MAX_PAIRS = 16
 """... and at most: between the two it goes on while the evidence is neither way."""
+PHASE_BATCHES = 4
+"""A probe's phase lasts until it has served this many batches' worth of rows of the larger size."""
 PROBE_EVERY = 8
-"""Full batches between a probe that kept the cap and the next one, at first."""
+"""Batches of at least half the cap between a probe that kept it and the next one, at first."""
 PROBE_MAX_EVERY = 64
-"""The most full batches between two probes."""
-PROBE_PATIENCE = 8
-"""A probe that gathers no sample in this many batches in a row (the queue no longer holds a
-full batch of the size it waits for) is given up, as one that kept the cap."""
+"""The most such batches between two probes."""
 
 
 class BatchCap:
@@ -82,43 +92,45 @@ class BatchCap:
         self.moves = 0
         self._fits = fits
         self._every = PROBE_EVERY
-        self._since = 0  # full batches at the cap since the last probe
+        self._since = 0  # batches of at least half the cap since the last probe
         self._up = True  # the direction of the next probe
         self._candidate: int | None = None  # the size a probe tries (None: no probe)
-        self._turn = 0  # which side's batch the probe asks for next: even the candidate, odd the cap
-        self._idle = 0  # batches since the probe's last sample
-        self._pending = 0.0  # log rows/s of the candidate's batch awaiting its pair
+        self._turn = 0  # whose phase it is: even the candidate's, odd the cap's
+        self._phase = _Phase()
+        self._pending = 0.0  # log rows/s of the candidate's phase awaiting its pair
         self._diffs: list[float] = []  # per pair: log(candidate rows/s) − log(cap rows/s)
 
     def for_batch(self, queued_rows: int) -> int:
         """The cap for the next batch, with ``queued_rows`` rows waiting: the cap in force, or
-        during a probe the size whose turn it is. A probe starts only while more rows wait than
-        the cap allows (the cap does not limit a shorter queue, so nothing would be learned)."""
+        during a probe the size whose phase it is. A probe starts only while half the cap's rows
+        wait (a shorter queue runs whole under either size, so nothing would be learned), and
+        tries a larger size only while more rows wait than the cap allows."""
         if self._candidate is None:
-            if not self.live or queued_rows <= self.value or self._since < self._every:
+            if not self.live or 2 * queued_rows < self.value or self._since < self._every:
                 return self.value
-            self._start_probe()
+            self._start_probe(grow=queued_rows > self.value)
             if self._candidate is None:
                 return self.value
         return self._candidate if self._turn % 2 == 0 else self.value
 
-    def observe(self, rows: int, seconds: float) -> None:
-        """A batch of ``rows`` rows ran in ``seconds``: a sample for a probe when it is a full
-        batch of the size whose turn it was; one more full batch at the cap otherwise."""
+    def observe(self, rows: int, start: float, end: float) -> None:
+        """A batch of ``rows`` rows ran from ``start`` to ``end`` (monotonic seconds): part of a
+        probe's phase, or one more batch towards the next probe."""
         if not self.live:
             return
         if self._candidate is None:
-            if rows >= self.value:
+            if 2 * rows >= self.value:
                 self._since += 1
             return
-        size = self._candidate if self._turn % 2 == 0 else self.value
-        if rows != size or seconds <= 0:
-            self._idle += 1
-            if self._idle >= PROBE_PATIENCE:
-                self._end_probe(None)
+        sizes = (self._candidate, self.value)
+        phase = self._phase.add(rows, start, end)
+        if phase.rows < PHASE_BATCHES * max(sizes):
             return
-        self._idle = 0
-        rate = math.log(size / seconds)
+        self._phase = _Phase(since=end)  # phases tile the time: the idle between them counts too
+        if 2 * phase.largest < min(sizes) or phase.seconds <= 0:
+            self._end_probe(None)  # the load fell: neither size limits the batches
+            return
+        rate = math.log(phase.rows / phase.seconds)
         if self._turn % 2 == 0:
             self._pending = rate
         else:
@@ -129,10 +141,10 @@ class BatchCap:
             if verdict is not None or len(self._diffs) >= PROBE_MAX_PAIRS:
                 self._end_probe(self._candidate if verdict else None)
 
-    def _start_probe(self) -> None:
+    def _start_probe(self, *, grow: bool) -> None:
         up = min(self.value * 2, self.limit)
         down = max(self.value // 2, 1)
-        options = [up if up > self.value and self._fits(up) else None, down if down < self.value else None]
+        options = [up if grow and up > self.value and self._fits(up) else None, down if down < self.value else None]
         if not self._up:
             options.reverse()
         candidate = next((c for c in options if c is not None), None)
@@ -140,12 +152,12 @@ class BatchCap:
         if candidate is None:
             return
         self._up = candidate > self.value
-        self._candidate, self._turn, self._idle, self._diffs = candidate, 0, 0, []
+        self._candidate, self._turn, self._phase, self._diffs = candidate, 0, _Phase(), []
 
     def _verdict(self) -> bool | None:
         """Whether the pairs so far say to move to the candidate (True), to keep the cap (False),
-        or neither yet (None): a paired comparison of log rows/s, each pair run back to back so
-        that what else the machine does weighs on both. Up moves when the candidate is faster
+        or neither yet (None): a paired comparison of log rows/s, each pair's phases run back to
+        back so that what else the machine does weighs on both. Up moves when the candidate is faster
         by more than :data:`GAIN` with :data:`CONFIDENCE`; down moves when it is, with that
         confidence, no more than :data:`GAIN` slower."""
         diffs = self._diffs
@@ -167,10 +179,32 @@ class BatchCap:
         gain = math.exp(statistics.fmean(self._diffs)) - 1
         way = "grew" if move > self.value else "shrank"
         self.reason = (f"{way} from {self.value} to {move} rows while serving: {gain:+.0%} rows/s over "
-                       f"{len(self._diffs)} pairs of batches run in turn")
+                       f"{len(self._diffs)} pairs of phases served in turn")
         self.value, self.moves, self._every = move, self.moves + 1, PROBE_EVERY
         self._since = self._every  # go on in the same direction at once
 
 
-__all__ = ["CONFIDENCE", "GAIN", "PROBE_EVERY", "PROBE_MAX_EVERY", "PROBE_MAX_PAIRS", "PROBE_PAIRS",
-           "PROBE_PATIENCE", "BatchCap"]
+class _Phase:
+    """The batches of one phase of a probe: rows, the largest batch, and the time it spans: from
+    the end of the phase before it (``since``; the first phase: its first batch's start) to its
+    last batch's end."""
+
+    def __init__(self, since: float = math.inf) -> None:
+        self.rows = 0
+        self.largest = 0
+        self.first = since
+        self.last = -math.inf
+
+    def add(self, rows: int, start: float, end: float) -> _Phase:
+        self.rows += rows
+        self.largest = max(self.largest, rows)
+        self.first, self.last = min(self.first, start), max(self.last, end)
+        return self
+
+    @property
+    def seconds(self) -> float:
+        return self.last - self.first
+
+
+__all__ = ["CONFIDENCE", "GAIN", "PHASE_BATCHES", "PROBE_EVERY", "PROBE_MAX_EVERY", "PROBE_MAX_PAIRS",
+           "PROBE_PAIRS", "BatchCap"]

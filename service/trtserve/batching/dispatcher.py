@@ -406,7 +406,7 @@ class Dispatcher:
         self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length,
                                 real=sum(p.rows * p.entry.length for p in pieces),
                                 requests=len({id(p.entry) for p in pieces}))
-        self._observe_cap(batch.rows, elapsed)
+        self._observe_cap(batch.rows, start, start + elapsed)
         self._deliver(pieces, batch, outputs)
         host_cpu += self.host.cpu() - mark
         self.host.observe_batch(host_cpu)
@@ -417,9 +417,9 @@ class Dispatcher:
         self._idle.append(slot)
         self._wake.set()
 
-    def _observe_cap(self, rows: int, seconds: float) -> None:
+    def _observe_cap(self, rows: int, start: float, end: float) -> None:
         moves = self.cap.moves
-        self.cap.observe(rows, seconds)
+        self.cap.observe(rows, start, end)
         if self.cap.moves != moves:
             log.info("%s: batch cap %d rows (%s)", self.name, self.cap.value, self.cap.reason)
 

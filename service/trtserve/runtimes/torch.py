@@ -99,7 +99,10 @@ class TorchBackend:
                     program, batched, path)
                 self._arg_order = [t.name for t in self.inputs]
                 if self.device == "cuda":  # also rewrites the device the program's factory calls name
-                    program = torch.export.passes.move_to_device_pass(program, self.device)
+                    # The submodule is imported by name: torch 2.11 does not import it with torch.export.
+                    from torch.export.passes import move_to_device_pass
+
+                    program = move_to_device_pass(program, self.device)
                 module = program.module()
             else:
                 module = torch.jit.load(str(path), map_location=self.device).eval()
