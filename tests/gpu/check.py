@@ -8,7 +8,7 @@ failed or it ran out of time; PASSED if one passed; else SKIPPED with its tests'
 ``nvidia-smi`` sees a GPU, a part that needs nothing but the GPU and passed nothing is FAILED: on
 a GPU machine, a check that ran nothing must not pass. Exit status 1 when any part FAILED.
 
-Usage: python3 tests/gpu/check.py --out DIR [--packages packages.json]
+Usage: python3 tests/gpu/check.py --out DIR [--packages packages.json] [--only PART]
 """
 
 from __future__ import annotations
@@ -142,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu-check.json, .md and .log")
     parser.add_argument("--packages", type=Path, help="install_missing.py's JSON line")
+    parser.add_argument("--only", default="", help="run only the parts whose name contains this (a rerun of one)")
     args = parser.parse_args(argv)
+    parts_run = [p for p in PARTS if args.only.lower() in p.name.lower()]
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "gpu-check.log").resolve()
     log.write_text("")
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         parts.append({"name": "Packages", "status": "FAILED" if missing else "PASSED",
                       "reason": ("; ".join(missing) if missing else f"installed from the wheelhouse: {installed}"),
                       "packages": packages})
-    for part in PARTS:
+    for part in parts_run:
         rows, unfinished = run_part(part, log)
         parts.append({"name": part.name, **verdict(rows, unfinished, gpu["status"] == "PASSED", part), "tests": rows})
     result = {
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "host": os.uname().nodename,
         "status": ("FAILED" if any(p["status"] == "FAILED" for p in parts)
-                   else "PASSED" if any(p["status"] == "PASSED" for p in parts[-len(PARTS):]) else "SKIPPED"),
+                   else "PASSED" if any(p["status"] == "PASSED" for p in parts[-len(parts_run):]) else "SKIPPED"),
         "parts": parts,
     }
     (args.out / "gpu-check.json").write_text(json.dumps(result, indent=2) + "\n")

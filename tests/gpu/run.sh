@@ -15,7 +15,8 @@
 # Results: gpu-check.json, gpu-check.md and gpu-check.log in $GPU_CHECK_OUT (default build/gpu-check);
 # exit status 1 when a part FAILED. Under 10 minutes (the parts' limits add up to 9.7).
 # Prepare what travels on the CPU machine first: `make gpu-pack` (build/gpu, carried with the tree).
-# Usage: bash tests/gpu/run.sh   (PYTHON=python3, GPU_PACK=build/gpu, GPU_SITE=/tmp/trtserve-gpu-site)
+# Usage: bash tests/gpu/run.sh   (PYTHON=python3, GPU_PACK=build/gpu, GPU_SITE=/tmp/trtserve-gpu-site,
+#        GPU_CHECK_ONLY=PyTorch: only the parts whose name holds that)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -41,4 +42,4 @@ for f in "$pack"/engines/*/*/*; do  # models carried beside the tree, into place
 done
 echo "minilm weights: $("$PY" tests/gpu/minilm_standin.py "$site/standin" 2>&1 | tail -1)"
 export PYTHONPATH="$PYTHONPATH:$site/standin"
-"$PY" tests/gpu/check.py --out "$out" --packages "$out/packages.json"
+"$PY" tests/gpu/check.py --out "$out" --packages "$out/packages.json" --only "${GPU_CHECK_ONLY:-}"

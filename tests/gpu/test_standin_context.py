@@ -140,7 +140,8 @@ def test_each_row_alone_equals_its_row_in_any_batch(cp):
 
 
 def test_two_slots_run_concurrently_on_their_own_streams(cp):
-    backend, contexts = _backend(cp, slots=2, spin=20000, timed=True)
+    # ~10 ms a launch: far longer than the skew between the two threads' launches (0.15 ms seen)
+    backend, contexts = _backend(cp, slots=2, spin=1_000_000, timed=True)
     try:
         x = _rows(2, MAX_ROWS)
 
