@@ -188,13 +188,20 @@ class Handler:
                 reads (a text of mostly whitespace or control characters); the message names
                 the row and the limit.
         """
+        return self._prefix(text, row)[0]
+
+    def _prefix(self, text: str, row: int) -> tuple[str, list[int] | None]:
+        """:meth:`read_prefix`'s prefix and, when it is shorter than ``text``, the model's token
+        ids read from the pieces that found it ([CLS], the first 254 pieces, [SEP]: what the
+        library's truncation makes of the whole text), so the prefix is not tokenized twice."""
         n = PREFIX_CHARS_PER_TOKEN * self.max_seq_length
         while n < len(text):
-            words = self._pieces.encode(text[:n], add_special_tokens=False).word_ids
+            pieces = self._pieces.encode(text[:n], add_special_tokens=False)
+            words = pieces.word_ids
             # The pieces of the words before the last one (the first piece of the last word).
             whole = words.index(words[-1]) if words else 0
             if whole >= self._budget:
-                return text[:n]
+                return text[:n], [self._cls, *pieces.ids[: self._budget], self._sep]
             if n >= self.scan_limit:
                 raise InvalidRequest(
                     f"input '{INPUT_NAME}' row {row} has {len(text)} characters and its first "
@@ -203,21 +210,25 @@ class Handler:
                     f"characters must reach the model's {self.max_seq_length} tokens within them"
                 )
             n = min(2 * n, self.scan_limit)
-        return text
+        return text, None
 
-    def _encode(self, texts: list[str]) -> list:
-        prefixes = [self.read_prefix(t, i) for i, t in enumerate(texts)]
-        if len(prefixes) == 1:
-            return [self.tokenizer.encode(prefixes[0])]
-        return self.tokenizer.encode_batch(prefixes)
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        """The token ids the model reads for each text (truncated at ``max_seq_length``)."""
+        cut = [self._prefix(t, i) for i, t in enumerate(texts)]
+        whole = [text for text, ids in cut if ids is None]
+        if len(whole) == 1:
+            encoded = iter([self.tokenizer.encode(whole[0]).ids])
+        else:
+            encoded = iter(enc.ids for enc in self.tokenizer.encode_batch(whole))
+        return [ids if ids is not None else next(encoded) for _, ids in cut]
 
     def preprocess(self, inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         texts = self._texts(inputs)
         if not texts:
             return []
         segments = []
-        for enc in self._encode(texts):
-            ids = np.asarray(enc.ids, dtype=np.int64).reshape(1, -1)
+        for tokens in self._encode(texts):
+            ids = np.asarray(tokens, dtype=np.int64).reshape(1, -1)
             segments.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
         return segments
 
@@ -268,7 +279,7 @@ class Handler:
         :meth:`chunk` does (every window's tokens: pieces two windows share count twice)."""
         if whole:
             return [sum(w.shape[1] for w in self._windows(t, i)) for i, t in enumerate(texts)]
-        return [len(enc.ids) for enc in self._encode(texts)] if texts else []
+        return [len(ids) for ids in self._encode(texts)] if texts else []
 
     def tokenize(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[Token]]:
         """Each whole text's tokens (no truncation), with [CLS] and [SEP] when
