@@ -5,7 +5,7 @@ What Triton's pytorch backend serves (config ``platform: "pytorch_libtorch"`` or
 on its own thread (:func:`~trtserve.runtimes.threads.slot_thread`, like ONNX Runtime's), under
 ``torch.inference_mode``. Where ``torch.cuda.is_available()``, the program moves to the GPU and
 each slot gets its own CUDA stream, page-locked input staging and CUDA graphs per batch bucket
-(:mod:`trtserve.runtimes.torch_cuda`; unverified until a device is lent, docs/guide/gpu.md).
+(:mod:`trtserve.runtimes.torch_cuda`; run on an H200, docs/guide/gpu.md says what was measured).
 
 The engine's tensors (what :attr:`TorchBackend.inputs` and ``outputs`` report):
 
