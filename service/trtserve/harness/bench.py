@@ -47,7 +47,7 @@ for each model:
     requests of ``--gpu-rows`` rows: closed loop against the engine's capacity, open loop at 80 %
     of it against the simulator's ideal, overload and mixed deadlines at multiples of it; with
     ``--peer triton``, the Triton peer on the same ``model.py`` too, the same traces.
-11. ``queue`` (``benchlib.queue``, minilm only; a redis-server and a server of its own, ``trtserve
+11. ``queue`` (``benchlib.queue_door``, minilm only; a redis-server and a server of its own, ``trtserve
     serve --redis-url``; skipped with a sentence without ``redis-server``): minilm captions through
     the queue door (Redis Streams) against the same captions over the gRPC stream, at each
     ``--concurrency`` outstanding: texts/s, p50/p99, pickup delay p50/p99, server CPU per request.
@@ -165,7 +165,7 @@ from trtserve.harness.benchlib.protocols import (
     parse_protocols,
     protocol_targets,
 )
-from trtserve.harness.benchlib.queue import QUEUE_MODE, QUEUE_MODEL, format_queue_table, queue_points, queue_targets
+from trtserve.harness.benchlib.queue_door import QUEUE_MODE, QUEUE_MODEL, format_queue_table, queue_points, queue_targets
 from trtserve.harness.benchlib.raw import measure_raw
 from trtserve.harness.benchlib.refusals import REFUSAL_MODE, format_refusal_table, refusal_targets
 from trtserve.harness.benchlib.report import (
