@@ -165,7 +165,13 @@ from trtserve.harness.benchlib.protocols import (
     parse_protocols,
     protocol_targets,
 )
-from trtserve.harness.benchlib.queue_door import QUEUE_MODE, QUEUE_MODEL, format_queue_table, queue_points, queue_targets
+from trtserve.harness.benchlib.queue_door import (
+    QUEUE_MODE,
+    QUEUE_MODEL,
+    format_queue_table,
+    queue_points,
+    queue_targets,
+)
 from trtserve.harness.benchlib.raw import measure_raw
 from trtserve.harness.benchlib.refusals import REFUSAL_MODE, format_refusal_table, refusal_targets
 from trtserve.harness.benchlib.report import (
