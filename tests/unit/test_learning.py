@@ -187,6 +187,27 @@ async def test_a_closed_loop_holding_one_batch_at_the_cap_is_served_at_the_engin
     assert d.cap.value < 1024 and "shrank" in d.cap.reason
 
 
+async def test_an_open_loop_below_capacity_leaves_the_cap_at_the_knee():
+    """Poisson arrivals at 85 % of the engine's best rows/s, on a curve whose knee is at 16 rows and
+    where 8 rows run 10 % fewer rows/s: both sizes of a probe keep up, so the phases measure the
+    arrivals alike, and only the engine's curve keeps the cap from drifting below the knee (at 8
+    the engine would run at 94 % of its rows/s and queue)."""
+    clock = FakeClock()
+    backend = FakeBackend(clock, latency=lambda n: 0.02 + 0.01 * n if n <= 16 else 0.18 * n / 16)
+    d = Dispatcher(backend, BatchingPolicy(max_batch_size=1024, adaptive_batch_size=True), clock=clock)
+    d.start()
+    d.start_cap(16, "the knee of the warm-up's curve")
+    rng = np.random.default_rng(3)
+    futures, caps = [], set()
+    for gap in rng.exponential(1 / (0.85 * 16 / 0.18), size=16_000):
+        futures.append(d.submit(rows(len(futures))))
+        await clock.advance(float(gap))
+        caps.add(d.cap.value)
+    await clock.advance(1.0)
+    assert all(f.done() and not f.exception() for f in futures)
+    assert caps <= {16, 32}, (caps, d.cap.reason)
+
+
 async def test_high_priority_is_served_first_and_low_priority_still_completes():
     clock = FakeClock()
     backend = FakeBackend(clock, latency=lambda r: 0.010)

@@ -28,6 +28,13 @@ the queue holds a full batch at the cap, twice the cap while it holds more:
   least 1 − :data:`GAIN` of the cap's rows per second (the knee rule of ``trtserve profile``: the
   smallest size within 5 % of the best, since a smaller batch answers sooner); then the next size
   down is probed at once.
+* **The engine's curve agrees**: a move is taken only where the learned curve (the dispatcher's
+  latency model, which the probe's own batches have just measured) also runs the candidate more
+  than :data:`GAIN` more rows per engine-second (up), or at least 1 − :data:`GAIN` as many (down).
+  Served rows/s alone cannot tell a size that serves as much from a load that both sizes keep up
+  with (below capacity both phases serve the arrivals: a cap let drift below the knee then runs
+  the engine near its limit and queues grow), nor a burst's silence that fell on one side of every
+  pair; the engine-second cannot tell a closed loop's idle slot. Together they move for both.
 * **Between probes**: after a probe that kept the cap, the next one waits :data:`PROBE_EVERY`
   batches of at least half the cap, doubled after each probe that kept it, up to
   :data:`PROBE_MAX_EVERY` (and back to :data:`PROBE_EVERY` after a move); probes go up and down in
@@ -75,6 +82,8 @@ class BatchCap:
         reason: why it starts at ``start`` (for the log, metrics and ``trtserve profile``).
         fits: whether a batch of that many rows may be tried (its predicted run time within the
             model's latency budget); everything fits by default.
+        engine: the engine's rows per second of run time at a batch of that many rows (the learned
+            curve), asked when a probe's phases call for a move; ``None``: the phases decide alone.
 
     Attributes:
         value: the cap in force: decisions fill batches up to it (a probe tries another size
@@ -84,13 +93,15 @@ class BatchCap:
     """
 
     def __init__(self, limit: int, start: int, *, live: bool, reason: str,
-                 fits: Callable[[int], bool] = lambda rows: True) -> None:
+                 fits: Callable[[int], bool] = lambda rows: True,
+                 engine: Callable[[int], float] | None = None) -> None:
         self.limit = max(limit, 1)
         self.value = min(max(start, 1), self.limit) if live else self.limit
         self.live = live
         self.reason = reason
         self.moves = 0
         self._fits = fits
+        self._engine = engine
         self._every = PROBE_EVERY
         self._since = 0  # batches of at least half the cap since the last probe
         self._up = True  # the direction of the next probe
@@ -139,7 +150,7 @@ class BatchCap:
         if self._turn % 2 == 0 and len(self._diffs) >= PROBE_PAIRS:
             verdict = self._verdict()
             if verdict is not None or len(self._diffs) >= PROBE_MAX_PAIRS:
-                self._end_probe(self._candidate if verdict else None)
+                self._end_probe(self._candidate if verdict and self._engine_agrees(self._candidate) else None)
 
     def _start_probe(self, *, grow: bool) -> None:
         up = min(self.value * 2, self.limit)
@@ -169,6 +180,14 @@ class BatchCap:
         if mean + CONFIDENCE * error < bar:
             return False
         return None
+
+    def _engine_agrees(self, candidate: int) -> bool:
+        """Whether the learned curve runs ``candidate`` rows more than :data:`GAIN` more rows per
+        engine-second than the cap (a larger candidate), or at least 1 − :data:`GAIN` as many."""
+        if self._engine is None:
+            return True
+        ratio = self._engine(candidate) / max(self._engine(self.value), 1e-12)
+        return ratio > 1 + GAIN if candidate > self.value else ratio >= 1 - GAIN
 
     def _end_probe(self, move: int | None) -> None:
         self._candidate = None

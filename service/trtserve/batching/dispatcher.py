@@ -114,6 +114,7 @@ class Dispatcher:
         self._next_look: float | None = None  # when the loop decides again with no arrival (None: at once)
         self._hold: Hold | None = None  # which arrivals wake the waiting loop (None: every one)
         self._held_rows = 0  # rows arrived since the loop began its wait
+        self._last_length = 1  # the row length of the last batch that ran (the cap's curve reads it)
 
     # -- public API ---------------------------------------------------------------------
 
@@ -238,7 +239,12 @@ class Dispatcher:
         if not policy.adaptive_batch_size:
             reason = "max_batch_size, fixed in the model's config"
         return BatchCap(policy.rows_per_batch, start, live=policy.adaptive_batch_size, reason=reason,
-                        fits=self._fits_budget)
+                        fits=self._fits_budget, engine=self._engine_rate)
+
+    def _engine_rate(self, rows: int) -> float:
+        """Rows per second of engine run time at a batch of ``rows`` rows, from the latency model at
+        the length of the last batch that ran (the probe's own)."""
+        return rows / max(self.latency.predict(rows, self._last_length), 1e-12)
 
     def _fits_budget(self, rows: int) -> bool:
         """Whether a batch of ``rows`` rows is predicted to run within the latency budget."""
@@ -403,6 +409,7 @@ class Dispatcher:
         elapsed = self.clock.now() - start
         length = max(p.entry.length for p in pieces)
         self.latency.observe(batch.rows, elapsed, length)
+        self._last_length = length
         self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length,
                                 real=sum(p.rows * p.entry.length for p in pieces),
                                 requests=len({id(p.entry) for p in pieces}))
