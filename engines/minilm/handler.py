@@ -174,9 +174,12 @@ class Handler:
                 )
         return texts
 
-    def read_prefix(self, text: str, row: int) -> str:
+    def read_prefix(self, text: str, row: int) -> tuple[str, list[int] | None]:
         """The prefix of ``text`` (characters) whose tokens, truncated at ``max_seq_length``,
-        are exactly those of the whole text: ``text`` itself when it is short.
+        are exactly those of the whole text (``text`` itself when it is short), and, when the
+        prefix is shorter than ``text``, the model's token ids read from the pieces that found it
+        ([CLS], the first 254 pieces, [SEP]: what the library's truncation makes of the whole
+        text; ``None`` otherwise), so a prefix is never tokenized twice.
 
         The prefix grows from ``PREFIX_CHARS_PER_TOKEN x max_seq_length`` characters, doubling,
         until the words before its last word (which the cut may split) give the 254 word pieces
@@ -188,12 +191,6 @@ class Handler:
                 reads (a text of mostly whitespace or control characters); the message names
                 the row and the limit.
         """
-        return self._prefix(text, row)[0]
-
-    def _prefix(self, text: str, row: int) -> tuple[str, list[int] | None]:
-        """:meth:`read_prefix`'s prefix and, when it is shorter than ``text``, the model's token
-        ids read from the pieces that found it ([CLS], the first 254 pieces, [SEP]: what the
-        library's truncation makes of the whole text), so the prefix is not tokenized twice."""
         n = PREFIX_CHARS_PER_TOKEN * self.max_seq_length
         while n < len(text):
             pieces = self._pieces.encode(text[:n], add_special_tokens=False)
@@ -214,7 +211,7 @@ class Handler:
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         """The token ids the model reads for each text (truncated at ``max_seq_length``)."""
-        cut = [self._prefix(t, i) for i, t in enumerate(texts)]
+        cut = [self.read_prefix(t, i) for i, t in enumerate(texts)]
         whole = [text for text, ids in cut if ids is None]
         if len(whole) == 1:
             encoded = iter([self.tokenizer.encode(whole[0]).ids])

@@ -27,7 +27,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -157,28 +156,13 @@ def cpu_by_role(srv) -> dict[str, float]:
     """CPU seconds (user + system, /proc) of the server's processes by role: the engine core and
     the front ends (the pids its log names), each with what runs below it, and the rest of the
     tree (the supervisor, multiprocessing's helpers)."""
+    from trtserve.harness.benchlib.proctree import tree_cpu_seconds
+
     log = "".join(srv.output)
-    named = {int(pid): "engine core" for pid in re.findall(r"engine core started \(pid (\d+)\)", log)}
-    named |= {int(pid): "front ends" for pid in re.findall(r"front end \d+ started .*\(pid (\d+)\)", log)}
-    ticks = os.sysconf("SC_CLK_TCK")
-    parent, cpu = {}, {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        parent[int(entry.name)] = int(fields[1])
-        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
-    totals: dict[str, float] = {}
-    for pid, seconds in cpu.items():
-        top = pid
-        while top not in named and top != srv.pid and top in parent:
-            top = parent[top]
-        role = named.get(top, "rest of the tree" if top == srv.pid else None)
-        if role is not None:
-            totals[role] = totals.get(role, 0.0) + seconds
+    roles = {"engine core": re.findall(r"engine core started \(pid (\d+)\)", log),
+             "front ends": re.findall(r"front end \d+ started .*\(pid (\d+)\)", log)}
+    totals = {role: sum(tree_cpu_seconds(int(pid)) for pid in pids) for role, pids in roles.items()}
+    totals["rest of the tree"] = tree_cpu_seconds(srv.pid) - sum(totals.values())
     return totals
 
 

@@ -115,7 +115,7 @@ def test_the_handler_tokenizes_a_prefix_with_exactly_the_whole_texts_tokens(hand
 
 def test_a_16_mib_text_feeds_the_tokenizer_no_more_than_the_scan_limit(handler):
     text = hello(16 * MIB)
-    prefix = handler.read_prefix(text, 0)
+    prefix, _ = handler.read_prefix(text, 0)
     assert len(prefix) <= handler.scan_limit == 1024 * MAX_TOKENS
     assert text.startswith(prefix)
     assert handler._encode([text])[0] == handler.tokenizer.encode(model_cut(handler, text)).ids
