@@ -71,6 +71,15 @@ QUEUE_FLAGS = (
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
+def _window(text: str) -> int | None:
+    """``--http-window``: ``auto`` → None (learned), else a whole number >= 0."""
+    if text == "auto":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a whole number >= 0 (0: none), got {text!r}")
+    return int(text)
+
+
 def env_name(action: argparse.Action) -> str:
     """``--grace-period`` → ``TRTSERVE_GRACE_PERIOD``."""
     return ENV_PREFIX + action.option_strings[-1].lstrip("-").upper().replace("-", "_")
@@ -218,6 +227,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         default = getattr(_HTTP_LIMITS, name)
         http_limits.add_argument(flag, type=kind, default=default, metavar="N",
                                  help=f"{meaning} (default: {default:g})")
+    http_limits.add_argument("--http-window", type=_window, default=None, metavar="auto|N",
+                             help="inference requests the HTTP door runs at once; the rest wait unread and one "
+                                  "still waiting at its trtserve-timeout-us deadline is answered 504 (auto: learned "
+                                  "while serving from how close the requests let in come to their deadlines; N: "
+                                  "fixed; 0: none) (default: auto)")
     serve.add_argument("--model-control-mode", choices=[m.value for m in ControlMode],
                        default=ControlMode.NONE.value,
                        help="none: every model loaded at start, no changes; poll: the repository is rescanned every "
@@ -343,7 +357,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lifecycle = _lifecycle(args)
         keepalive = _keepalive(args)
         http_limits = HttpLimits(**{name: getattr(args, flag.lstrip("-").replace("-", "_"))
-                                    for flag, name, _, _ in HTTP_LIMIT_FLAGS})
+                                    for flag, name, _, _ in HTTP_LIMIT_FLAGS}, window=args.http_window)
         queue = _queue(args)
     except ValueError as exc:
         print(f"trtserve serve: {exc}", file=sys.stderr)

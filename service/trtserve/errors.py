@@ -30,7 +30,7 @@ Each class has an :class:`ErrorCode`: an error crosses between processes as its 
 sentence (:func:`error_for` makes it again), never as a class name.
 
 A refusal at admission carries a :attr:`TrtServeError.refusal` reason (``queue_full``,
-``queue_wait``, ``deadline_unmeetable``, ``inflight_bound``): the label of
+``queue_wait``, ``deadline_unmeetable``, ``inflight_bound``, ``window``): the label of
 ``trtserve_rejected_total``.
 """
 
@@ -110,6 +110,13 @@ class DeadlineUnmeetable(RequestTimeout):
 
     error_code = ErrorCode.DEADLINE_UNMEETABLE
     refusal = "deadline_unmeetable"
+
+
+class WindowExpired(RequestTimeout):
+    """The HTTP door held the request unread, beyond its front end's concurrency window, until
+    its deadline passed (:mod:`trtserve.frontend.http.hold`): answered 504 without running."""
+
+    refusal = "window"
 
 
 class BackendError(TrtServeError):

@@ -41,7 +41,8 @@ FAMILIES: dict[str, Family] = {
         "counter", ("model", "reason"),
         "Requests refused at admission, before queueing: queue_full (max_queue_size), queue_wait (the predicted "
         "queue wait leaves no time before the deadline), deadline_unmeetable (not even an idle server could), "
-        "inflight_bound (the front end held --max-inflight-rpcs requests in progress)."),
+        "inflight_bound (the front end held --max-inflight-rpcs requests in progress), window (the HTTP door held "
+        "the request beyond its concurrency window until its deadline passed; answered 504)."),
     "trtserve_goodput_requests": Family(
         "counter", ("model",), "Requests answered OK within their deadline (or without one)."),
     # -- per served version (its dispatcher) --

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from trtserve.batching.dispatcher import Dispatcher
     from trtserve.engine.registry import ModelRegistry
 
-REFUSALS = ("queue_full", "queue_wait", "deadline_unmeetable", "inflight_bound")
+REFUSALS = ("queue_full", "queue_wait", "deadline_unmeetable", "inflight_bound", "window")
 """The ``reason`` labels of ``trtserve_rejected_total`` (``TrtServeError.refusal``)."""
 
 BATCH_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

@@ -199,10 +199,7 @@ class FrontendState:
         finally:
             seconds = self.clock.now() - start
             name = request.model_name
-            self.engine.record(
-                name if name in self.engine.models else UNKNOWN_MODEL, code, seconds,
-                refusal=error.refusal if error is not None else None, late=late,
-            )
+            self.record(name, code, seconds, refusal=error.refusal if error is not None else None, late=late)
             if _requests_log.isEnabledFor(logging.DEBUG):
                 _requests_log.debug(
                     "%s %s id=%s %.3f ms",
@@ -210,6 +207,14 @@ class FrontendState:
                     extra={"request_id": request.id, "model": name, "status": code,
                            "duration_ms": round(seconds * 1e3, 3)},
                 )
+
+    def record(self, model: str, code: str, seconds: float, *, refusal: str | None = None,
+               late: bool = False) -> None:
+        """Count one request's outcome in the engine core's statistics and metrics: its model
+        (one not served counts under the unknown model), status name, seconds in the front end,
+        the refusal reason if it was refused, and whether it was answered OK past its deadline."""
+        self.engine.record(model if model in self.engine.models else UNKNOWN_MODEL, code, seconds,
+                           refusal=refusal, late=late)
 
     async def _infer(self, request: pb.ModelInferRequest, transport_deadline: float,
                      received: float) -> tuple[pb.ModelInferResponse, bool]:

@@ -44,7 +44,7 @@ from google.protobuf import json_format
 
 from trtserve import __version__
 from trtserve._proto.inference import grpc_service_pb2 as pb
-from trtserve.errors import InvalidRequest, TrtServeError
+from trtserve.errors import InvalidRequest, TrtServeError, WindowExpired
 from trtserve.frontend.http.openai import PREFIX, OpenAIRoutes, error_body
 from trtserve.frontend.http.protocol import CLIENT_GONE
 from trtserve.frontend.inflight import GRACE_EXPIRED
@@ -65,12 +65,14 @@ HTTP_STATUS = {
 """HTTP status of each status name; a retryable refusal (429, 503) carries ``Retry-After: 1``."""
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+_INFER = re.compile(_MODEL + r"/infer")
+_EMBEDDINGS = PREFIX + "embeddings"
 _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"/v2/health/live"), "live"),
     ("GET", re.compile(r"/v2/health/ready"), "ready"),
     ("GET", re.compile(r"/v2/?"), "server_metadata"),
     ("GET", re.compile(r"/v2/models/stats"), "statistics"),
-    ("POST", re.compile(_MODEL + r"/infer"), "infer"),
+    ("POST", _INFER, "infer"),
     ("GET", re.compile(_MODEL + r"/ready"), "model_ready"),
     ("GET", re.compile(_MODEL + r"/config"), "model_config"),
     ("GET", re.compile(_MODEL + r"/stats"), "statistics"),
@@ -78,7 +80,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(r"/v2/repository/index"), "repository_index"),
     ("POST", re.compile(r"/v2/repository/models/(?P<model>[^/]+)/load"), "load"),
     ("POST", re.compile(r"/v2/repository/models/(?P<model>[^/]+)/unload"), "unload"),
-    ("POST", re.compile(r"/v1/embeddings"), "embeddings"),
+    ("POST", re.compile(_EMBEDDINGS), "embeddings"),
     ("GET", re.compile(r"/v1/models"), "models"),
     ("POST", re.compile(r"/tokenize"), "tokenize"),
 ]
@@ -149,6 +151,27 @@ class RestApp:
             status, extra, payload = _failure(HttpError(503, GRACE_EXPIRED), scope["path"])
         if self.state.inflight.draining and _CLOSE not in extra:  # the client reconnects (elsewhere) now
             extra = [*extra, _CLOSE]
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*extra, (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+    def holdable(self, method: str, path: str) -> bool:
+        """Whether a request is an inference request (a KServe infer or an OpenAI embeddings
+        request): the only ones the HTTP door's transport hold may hold
+        (:mod:`trtserve.frontend.http.hold`)."""
+        return method == "POST" and (path == _EMBEDDINGS or _INFER.fullmatch(path) is not None)
+
+    async def expired(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """ASGI: answer a request whose deadline passed while the HTTP door held it, unread: 504
+        (WindowExpired, in the path's API's error shape), counted DEADLINE_EXCEEDED with
+        refusal reason ``window`` (an embeddings request's model is in its unread body: it is
+        counted under the unknown model)."""
+        path = scope["path"]
+        match = _INFER.fullmatch(path)
+        exc = WindowExpired("the deadline passed while the request waited for the server's concurrency window "
+                            "(the server is overloaded); retry on another server or later")
+        self.state.record(match["model"] if match else "", status_name(exc), 0.0, refusal=exc.refusal)
+        status, extra, payload = _failure(exc, path)
         await send({"type": "http.response.start", "status": status,
                     "headers": [*extra, (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})

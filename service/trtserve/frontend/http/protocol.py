@@ -26,7 +26,10 @@ the connection while it was queued still ran. :class:`BoundedProtocol` adds, per
   with :data:`CLIENT_GONE`, so the request leaves the queue as a cancelled gRPC call does
   (counted CANCELLED); the application returns quietly on that cancellation;
 * a drain's shutdown closes only the connections with no request partly received: one that is
-  arriving is read and answered (503 while draining, with ``Connection: close``).
+  arriving is read and answered (503 while draining, with ``Connection: close``);
+* an inference request is handed to the front end's transport hold
+  (:mod:`trtserve.frontend.http.hold`), which runs it now or holds it while the concurrency
+  window is full; a connection that closes takes its held requests with it.
 
 Each refusal is logged once, as one warning line naming the client and the limit. TLS
 (uvicorn's own ``ssl_*`` settings) is unchanged; over TLS a half-close closes the connection, as
@@ -38,12 +41,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.utils import is_ssl
+
+if TYPE_CHECKING:
+    from trtserve.frontend.http.hold import TransportHold
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +81,14 @@ class HttpLimits:
             100 (Apache's LimitRequestFields).
         keepalive_timeout: seconds a connection may stay idle, before its first request or
             between requests, before the server closes it. Default 5 (uvicorn's).
+        window: the inference requests the door runs at once, the rest held unread
+            (:mod:`trtserve.frontend.http.hold`): ``None`` (the default, ``--http-window auto``)
+            learns it while serving (:class:`~trtserve.frontend.window.ConcurrencyWindow`); a
+            number fixes it; 0: no window, every request runs at once.
 
     Raises:
-        ValueError: a time that is not > 0, a rate < 0, or a size or count < 1 (the message
-            names the field and the value).
+        ValueError: a time that is not > 0, a rate < 0, a size or count < 1, or a window < 0
+            (the message names the field and the value).
     """
 
     header_timeout: float = 30.0
@@ -87,8 +97,11 @@ class HttpLimits:
     max_header_bytes: int = 32768
     max_headers: int = 100
     keepalive_timeout: float = 5.0
+    window: int | None = None
 
     def __post_init__(self) -> None:
+        if self.window is not None and self.window < 0:
+            raise ValueError(f"HTTP window must be 'auto' or a whole number >= 0 (0: none), got {self.window}")
         for name in ("header_timeout", "body_timeout", "keepalive_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"HTTP {name} must be a number of seconds > 0, got {getattr(self, name)}")
@@ -113,9 +126,11 @@ class BoundedProtocol(HttpToolsProtocol):
     limits=...))``). Touched only from the event loop's thread."""
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None, *, limits: HttpLimits) -> None:
+                 _loop: asyncio.AbstractEventLoop | None = None, *, limits: HttpLimits,
+                 hold: TransportHold | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.limits = limits
+        self.hold = hold
         self.timeout_keep_alive = limits.keepalive_timeout  # type: ignore[assignment]  # uvicorn's timer, in seconds
         self._phase = _IDLE
         self._since = 0.0  # loop time the current phase began
@@ -138,6 +153,8 @@ class BoundedProtocol(HttpToolsProtocol):
             self._timer = None
         running = self._running
         super().connection_lost(exc)
+        if self.hold is not None:
+            self.hold.forget(self)
         if running is not None:
             cycle, task = running
             # A whole request whose answer has not begun: its client is gone, so it leaves the
@@ -159,12 +176,18 @@ class BoundedProtocol(HttpToolsProtocol):
         return True
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        # uvicorn's, keeping the task: the one to cancel when the client goes (uvicorn's
-        # reset_contextvars option is not used by trtserve).
+        if self.hold is None or not self.hold.take(self, cycle, app):
+            self.run(cycle, app)
+
+    def run(self, cycle: RequestResponseCycle, app: Any) -> asyncio.Task[None]:
+        """Start answering ``cycle`` with the ASGI ``app`` (now, or when the hold lets it in);
+        returns the task. uvicorn's own start, keeping the task: the one to cancel when the
+        client goes (uvicorn's reset_contextvars option is not used by trtserve)."""
         task = self.loop.create_task(cycle.run_asgi(app))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
         self._running = (cycle, task)
+        return task
 
     def shutdown(self) -> None:
         """The server is draining: close the connection unless a request is partly received

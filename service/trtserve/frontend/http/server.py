@@ -15,6 +15,7 @@ other process can bind the HTTP port while the server runs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import ssl
@@ -25,18 +26,26 @@ import uvicorn
 
 from trtserve.frontend.grpc.security import TlsConfig
 from trtserve.frontend.http.app import RestApp
+from trtserve.frontend.http.hold import TransportHold
 from trtserve.frontend.http.protocol import BoundedProtocol, HttpLimits
 from trtserve.frontend.state import FrontendState
+from trtserve.frontend.window import ConcurrencyWindow
 
 log = logging.getLogger(__name__)
 
 
 class HttpServer:
-    """A running HTTP door (see :func:`start_http`); :meth:`stop` is its drain's last step."""
+    """A running HTTP door (see :func:`start_http`); :meth:`stop` is its drain's last step.
 
-    def __init__(self, server: uvicorn.Server, port: int) -> None:
+    Attributes:
+        hold: its transport hold (None: ``--http-window 0``, or an application that is not the
+            KServe one).
+    """
+
+    def __init__(self, server: uvicorn.Server, port: int, hold: TransportHold | None = None) -> None:
         self.server = server
         self.port = port
+        self.hold = hold
 
     async def stop(self, grace: float | None) -> None:
         """Close the listener and the idle connections; a request still being written gets
@@ -107,30 +116,44 @@ async def start_http(state: FrontendState, *, host: str = "127.0.0.1", port: int
         ValueError: ``tls`` not read from files.
     """
     app = RestApp(state, max_body_bytes=max_body_bytes, auth_token=auth_token, auth_health=auth_health)
+    limits = limits or HttpLimits()
+    hold = None
+    if limits.window != 0:
+        clock = asyncio.get_running_loop().time
+        window = (ConcurrencyWindow(clock) if limits.window is None
+                  else ConcurrencyWindow(clock, start=limits.window, floor=limits.window, ceiling=limits.window))
+        hold = TransportHold(window, app.holdable, app.expired)
+
+        async def release() -> None:  # a drain answers what is held (503) instead of dropping it
+            hold.release_all()
+
+        state.drain_hooks.append(release)
     if sock is None:
         sock = listening_socket(host, port, reuse_port=reuse_port)
-    return await serve_asgi(app, sock, limits, **ssl_options(tls))
+    return await serve_asgi(app, sock, limits, hold, **ssl_options(tls))
 
 
-async def serve_asgi(app: Any, sock: socket.socket, limits: HttpLimits | None = None, **options: Any) -> HttpServer:
+async def serve_asgi(app: Any, sock: socket.socket, limits: HttpLimits | None = None,
+                     hold: TransportHold | None = None, **options: Any) -> HttpServer:
     """Serve the ASGI ``app`` on the listening ``sock`` with uvicorn (httptools bounded by
-    ``limits``, default :class:`HttpLimits`'s defaults; no lifespan, no access log, no Server or
-    Date header) on the running loop; ``options`` are more ``uvicorn.Config`` settings (TLS). The
-    door of :func:`start_http`, and the bench's null server's, so that both pay the same per call.
+    ``limits``, default :class:`HttpLimits`'s defaults, inference requests through ``hold`` if
+    given; no lifespan, no access log, no Server or Date header) on the running loop; ``options``
+    are more ``uvicorn.Config`` settings (TLS). The door of :func:`start_http`, and the bench's
+    null server's, so that both pay the same per call.
 
     Raises:
         ValueError, OSError: uvicorn refused ``options`` (a TLS file it cannot load).
     """
     # log_config None: uvicorn's loggers propagate to the root one trtserve.logs configured
     # (--log-format json included) instead of uvicorn's own text handlers.
-    protocol = partial(BoundedProtocol, limits=limits or HttpLimits())
+    protocol = partial(BoundedProtocol, limits=limits or HttpLimits(), hold=hold)
     config = uvicorn.Config(app, loop="none", http=protocol, lifespan="off", access_log=False, log_config=None,
                             log_level="warning", server_header=False, date_header=False, **options)
     config.load()  # with TLS, makes the SSLContext (the files were checked by TlsConfig.from_files)
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)  # set by Server._serve, which is not used (lifespan "off")
     await server.startup(sockets=[sock])
-    return HttpServer(server, sock.getsockname()[1])
+    return HttpServer(server, sock.getsockname()[1], hold)
 
 
 __all__ = ["HttpServer", "listening_socket", "serve_asgi", "ssl_options", "start_http"]
