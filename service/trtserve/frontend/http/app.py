@@ -45,6 +45,7 @@ from google.protobuf import json_format
 from trtserve import __version__
 from trtserve._proto.inference import grpc_service_pb2 as pb
 from trtserve.errors import InvalidRequest, TrtServeError, WindowExpired
+from trtserve.frontend.http.hold import TIMEOUT_HEADER
 from trtserve.frontend.http.openai import PREFIX, OpenAIRoutes, error_body
 from trtserve.frontend.http.protocol import CLIENT_GONE
 from trtserve.frontend.inflight import GRACE_EXPIRED
@@ -56,8 +57,6 @@ from trtserve.protocol import rest, tokenize
 
 EXTENSIONS = ["model_configuration", "parameters", "schedule_policy", "statistics", "binary_tensor_data"]
 """The protocol extensions server metadata lists."""
-TIMEOUT_HEADER = "trtserve-timeout-us"
-"""A request header carrying the request's deadline in microseconds from its arrival."""
 HTTP_STATUS = {
     "INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "RESOURCE_EXHAUSTED": 429, "UNIMPLEMENTED": 501,
     "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504, "INTERNAL": 500, "UNAUTHENTICATED": 401,

@@ -38,9 +38,10 @@ from typing import Any, Protocol
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from trtserve.frontend.http.app import TIMEOUT_HEADER
 from trtserve.frontend.window import ConcurrencyWindow
 
+TIMEOUT_HEADER = "trtserve-timeout-us"
+"""A request header carrying the request's deadline in microseconds from its arrival."""
 _TIMEOUT = TIMEOUT_HEADER.encode()
 
 
@@ -154,4 +155,4 @@ class TransportHold:
             entry.timer = None
 
 
-__all__ = ["TransportHold", "budget_seconds"]
+__all__ = ["TIMEOUT_HEADER", "TransportHold", "budget_seconds"]
