@@ -21,7 +21,7 @@ from trtserve.harness.benchlib.load import LoadGenerator, open_channels
 TIGHT_S, LOOSE_S = 0.002, 30.0
 ARRIVALS = np.linspace(0.5, 0.8, 8)
 """Seconds from the start of the point: inside the window (it opens after 0.2 s of warm-up and
-one ModelStatistics call, and lasts 1 s)."""
+lasts 1 s)."""
 
 
 @pytest.fixture(params=["python", "go"])

@@ -153,8 +153,9 @@ func (h httpSender) send(_ int, message []byte, deadline time.Duration) codes.Co
 		_, err = io.Copy(io.Discard, resp.Body) // read to the end: the connection is then kept for the next call
 		resp.Body.Close()
 	}
+	var netErr net.Error // a *url.Error: Timeout() when the deadline cut the call short, in its dial too
 	switch {
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.As(err, &netErr) && netErr.Timeout():
 		return codes.DeadlineExceeded
 	case err != nil:
 		return codes.Unavailable

@@ -246,19 +246,23 @@ class LoadGenerator:
         return "python" if self._go is None else "go"
 
     async def snapshot(self, model: str, client_cpu_s: Callable[[], float] | None = None) -> Snapshot:
-        """CPU seconds of both processes, the server's resident memory and the model's
-        ModelStatistics counters, now; ``client_cpu_s`` adds the CPU seconds of another client
-        process (the Go binary) to the bench's."""
+        """CPU seconds of both processes and the server's resident memory, now, then the model's
+        ModelStatistics counters (as soon as the server answers: a server swamped by an open
+        loop may take seconds); ``client_cpu_s`` adds the CPU seconds of another client process
+        (the Go binary) to the bench's."""
+        own = os.times()
+        server_cpu_s = self._server_cpu_s()
+        client = own.user + own.system + (client_cpu_s() if client_cpu_s is not None else 0.0)
+        rss = self._server_rss_mib() if self._server_rss_mib is not None else None
         response = await self._statistics(pb.ModelStatisticsRequest(name=model))
         stats = response.model_stats[0]
-        own = os.times()
         return Snapshot(
-            server_cpu_s=self._server_cpu_s(),
-            client_cpu_s=own.user + own.system + (client_cpu_s() if client_cpu_s is not None else 0.0),
+            server_cpu_s=server_cpu_s,
+            client_cpu_s=client,
             inference_count=stats.inference_count,
             execution_count=stats.execution_count,
             batches={b.batch_size: b.compute_infer.count for b in stats.batch_stats},
-            server_rss_mib=self._server_rss_mib() if self._server_rss_mib is not None else None,
+            server_rss_mib=rss,
         )
 
     async def _unary(self, message: bytes | RestRequest, k: int, timeout_s: float = CALL_TIMEOUT_S) -> str:
@@ -276,7 +280,8 @@ class LoadGenerator:
     async def measure(self, model: str, drive: Drive, client_cpu_s: Callable[[], float] | None = None) -> Window:
         """One point: ``drive(recorder, stop)`` sends and records requests (``recorder.add`` per
         answer) until ``stop`` is set, then follows what it sent to its answers and returns; it runs
-        ``warmup_s`` unmeasured, then ``duration_s`` between two :meth:`snapshot` of ``model``.
+        ``warmup_s`` unmeasured, then a window of ``duration_s`` from the first of two
+        :meth:`snapshot` of ``model`` (the second after the last answer).
         The requests scheduled inside the window are the sample (module docstring). A drive that
         raises ends the point with its exception."""
         recorder = Recorder()
@@ -284,10 +289,15 @@ class LoadGenerator:
         task = asyncio.ensure_future(drive(recorder, stop))
         try:
             await asyncio.sleep(self.warmup_s)
-            before = await self.snapshot(model, client_cpu_s)
+            # The window opens when the warm-up ends and lasts duration_s, however long the
+            # server's counters take: a door swamped by an open loop can hold ModelStatistics up
+            # for seconds, past the end of a pre-drawn schedule (its batch counts are then read
+            # late; the CPU and memory figures are read at once).
             start = time.perf_counter()
-            await asyncio.sleep(self.duration_s)
-            end = recorder.window_end = time.perf_counter()
+            end = start + self.duration_s
+            before = await self.snapshot(model, client_cpu_s)
+            await asyncio.sleep(max(end - time.perf_counter(), 0.0))
+            recorder.window_end = end
             stop.set()
             await task
         finally:
