@@ -1,6 +1,7 @@
-"""The Python side of the Go load generator: its input files as the binary reads them and its
+"""The Python side of the Go load generator: its input files as the binary reads them, its
 records turned into the bench's per-request records (times on the bench's clock, status
-names, late answers). Exact answers from fixed bytes; nothing runs the binary."""
+names, late answers), and the bodies it sends over HTTP (the JSON encoding of the very request
+sent over gRPC). Exact answers from fixed bytes; nothing runs the binary."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import struct
 import numpy as np
 import pytest
 
+from trtserve.client import build_request
 from trtserve.harness.benchlib.goclient import RECORD, add_records, read_records, schedule_rows, write_messages
+from trtserve.harness.benchlib.httpclient import rest_request
+from trtserve.harness.benchlib.load import json_bodies
 from trtserve.harness.benchlib.records import Recorder
+from trtserve.protocol.rest import parse_infer
 
 
 def test_messages_are_written_length_prefixed_little_endian(tmp_path):
@@ -65,3 +70,25 @@ def test_the_client_flag_picks_go_only_when_built_and_says_so_when_it_falls_back
     assert bench._open_loop_client("auto") is True and bench._open_loop_client("go") is True
     assert bench._open_loop_client("python") is False
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("inputs", [
+    {"INPUT": np.arange(64, dtype=np.float32).reshape(1, 64) / 7},  # tiny: FP32 values that JSON must keep exact
+    {"TEXT": np.array([["a café".encode()]], dtype=object)},  # text: BYTES as UTF-8 strings
+])
+def test_the_http_doors_json_body_is_the_grpc_request_the_server_decodes(inputs):
+    rest = rest_request("m", inputs, binary=False, timeout_us=5000)
+    assert rest.headers == {} and rest.path == "/v2/models/m/infer"  # JSON alone: the binary sends no header
+    decoded = parse_infer(rest.body, None, "m", "")
+    assert decoded.request == build_request("m", inputs, timeout_us=5000)
+    assert decoded.binary_default  # outputs come back raw, as over gRPC
+
+
+def test_the_go_client_sends_json_bodies_to_one_path_and_refuses_others():
+    x = {"INPUT": np.ones((1, 64), np.float32)}
+    one, two = rest_request("tiny", x, binary=False), rest_request("tiny", x, binary=False, timeout_us=9)
+    assert json_bodies([one, two, one]) == ("/v2/models/tiny/infer", [one.body, two.body, one.body])
+    with pytest.raises(ValueError, match="one path"):
+        json_bodies([one, rest_request("other", x, binary=False)])
+    with pytest.raises(ValueError, match="binary=False"):
+        json_bodies([one, rest_request("tiny", x)])  # the binary tensor extension needs its header

@@ -1,11 +1,14 @@
 """``trtserve bench`` end to end at tiny durations, against a real server process: the
-overload, mixed and policy modes run, report every figure with a target and write them to
-``bench.json``. Structure only (what ran, what was recorded, which targets exist): the figures
-themselves depend on the machine and belong to ``make bench``."""
+overload, mixed and policy modes run (overload and mixed over either door), report every
+figure with a target and write them to ``bench.json``. Structure only (what ran, what was
+recorded, which targets exist): the figures themselves depend on the machine and belong to
+``make bench``."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from trtserve.cli import build_parser
 from trtserve.harness import bench
@@ -24,7 +27,8 @@ def test_overload_mixed_and_policy_modes_report_every_point_with_its_target(engi
     )
     assert bench.run(args) == 0
     out = capsys.readouterr().out
-    assert "| model | policy | offered/s | deadline ms | goodput/s |" in out and "| tiny | fixed 2 ms | " in out
+    assert "| model | policy | door | offered/s | deadline ms | goodput/s |" in out
+    assert "| tiny | fixed 2 ms | grpc | " in out
     report = json.loads((tmp_path / "bench.json").read_text())
     points = report["points"]
     modes = [(p["mode"], p["policy"]) for p in points]
@@ -52,3 +56,33 @@ def test_overload_mixed_and_policy_modes_report_every_point_with_its_target(engi
         assert any(n.startswith(f"tiny mixed {policy} at 65% capacity, tight (5.0 ms)") for n in names)
     assert "tiny closed-unary c=4: adaptive >= best fixed timer within 2 s.e." in names
     assert (tmp_path / "tiny_overload.png").is_file()
+
+
+def test_overload_and_mixed_run_over_the_http_door_against_its_own_capacity(engines, loadgen_binary, tmp_path, capsys):
+    args = build_parser("bench").parse_args(
+        ["bench", "--model-repository", str(engines), "--out", str(tmp_path), *QUICK, "--modes", "overload,mixed",
+         "--policies", "adaptive", "--open-door", "http", "--client", "go"]
+    )
+    assert bench.run(args) == 0
+    out = capsys.readouterr().out
+    assert "| tiny | adaptive | http | " in out and "| tiny | adaptive | grpc | " not in out
+    report = json.loads((tmp_path / "bench.json").read_text())
+    points = report["points"]
+    # The quick capacity loop ran over HTTP; the open loop's points are all HTTP, every request answered.
+    assert [(p["mode"], p["door"]) for p in points] == [("capacity-http", "http")] + [("overload", "http")] * 2 + [
+        ("mixed", "http")]
+    for p in points[1:]:
+        assert p["requests"] > 0 and sum(c["requests"] for c in p["classes"]) == p["requests"]
+        assert all(not code.startswith(("HTTP", "CODE_")) for code in p["errors"])  # recorded as gRPC names
+    names = [t["name"] for t in report["targets"]]
+    assert "tiny overload adaptive over HTTP at 2x capacity: goodput >= 0.8 x peak" in names
+    assert any(n.startswith("tiny mixed adaptive over HTTP at 65% capacity, tight") for n in names)
+
+
+def test_the_http_door_of_the_open_loop_needs_the_go_client(engines, tmp_path):
+    args = build_parser("bench").parse_args(
+        ["bench", "--model-repository", str(engines), "--out", str(tmp_path), *QUICK, "--open-door", "http",
+         "--client", "python"]
+    )
+    with pytest.raises(SystemExit, match="--open-door http: the open loop over HTTP is the Go load generator's"):
+        bench.run(args)

@@ -50,20 +50,20 @@ def cls(name: str = "all", good: int = 100, requests: int | None = None, window_
 
 
 def point(mode: str, multiple: float, classes: tuple[DeadlineClass, ...], policy: str = "adaptive", model: str = "tiny",
-          rss: tuple[float, float] = (600.0, 610.0)) -> Point:
+          rss: tuple[float, float] = (600.0, 610.0), door: str = "grpc") -> Point:
     good = sum(c.good for c in classes)
     return summarize(Measurement(
         model=model, mode=mode, load=1000.0 * multiple, fraction=multiple, window_s=1.0, rows_per_request=1,
         latency_us=np.full(good, 1000.0), codes=["OK"] * good, late=0, deadline_us=5000, send_lag_us=np.array([]),
         before=Snapshot(0.0, 0.0, 0, 0, {}, server_rss_mib=rss[0]),
         after=Snapshot(0.0, 0.0, 0, 0, {}, server_rss_mib=rss[1]),
-        policy=policy, classes=classes,
+        policy=policy, classes=classes, door=door,
     ), 1000.0)
 
 
-def sweep(policy: str, goodputs: dict[float, int], rss_end: dict[float, float]) -> list[Point]:
-    return [point(OVERLOAD_MODE, m, (cls(good=g, expired=int(1000 * m) - g),), policy=policy, rss=(600.0, rss_end[m]))
-            for m, g in goodputs.items()]
+def sweep(policy: str, goodputs: dict[float, int], rss_end: dict[float, float], door: str = "grpc") -> list[Point]:
+    return [point(OVERLOAD_MODE, m, (cls(good=g, expired=int(1000 * m) - g),), policy=policy, rss=(600.0, rss_end[m]),
+                  door=door) for m, g in goodputs.items()]
 
 
 def test_overload_goodput_at_two_and_three_times_capacity_against_the_sweeps_peak():
@@ -103,9 +103,24 @@ def test_tables_are_markdown_with_a_row_per_point_and_class():
     mixed = point(MIXED_MODE, 0.65, (cls("tight", good=96, expired=4), cls("loose", good=100, deadline_ms=50.0)))
     table = format_overload_table([*overload, mixed]).splitlines()
     assert len([line for line in table if line.startswith("| tiny |")]) == 4
-    assert "| tiny | adaptive | 3000 (3x) | 5.0 | 720 | 0 | 0 | 2280 (0) | 0 |" in table[-1]
+    assert "| tiny | adaptive | grpc | 3000 (3x) | 5.0 | 720 | 0 | 0 | 2280 (0) | 0 |" in table[-1]
     assert table[-1].endswith("| 600 → 790 |")
     rows = [line for line in format_mixed_table([*overload, mixed]).splitlines() if line.startswith("| tiny |")]
-    assert rows[0].startswith("| tiny | adaptive | 650 (65%) | tight | 5.0 | 96 | 4.0% |")
-    assert rows[1].startswith("| tiny | adaptive | 650 (65%) | loose | 50.0 | 100 | 0.0% |")
+    assert rows[0].startswith("| tiny | adaptive | grpc | 650 (65%) | tight | 5.0 | 96 | 4.0% |")
+    assert rows[1].startswith("| tiny | adaptive | grpc | 650 (65%) | loose | 50.0 | 100 | 0.0% |")
     assert format_overload_table([mixed]) == "" and format_mixed_table(overload) == ""
+
+
+def test_a_sweep_over_the_http_door_is_its_own_sweep_and_says_so():
+    rss = {1.0: 640.0, 2.0: 700.0, 3.0: 790.0}
+    grpc = sweep("adaptive", {1.0: 900, 2.0: 760, 3.0: 720}, rss)
+    http = sweep("adaptive", {1.0: 600, 2.0: 300, 3.0: 200}, rss, door="http")
+    by_name = {t.name: t for t in overload_targets([*grpc, *http])}
+    assert by_name["tiny overload adaptive at 2x capacity: goodput >= 0.8 x peak"].verdict == "PASS"
+    over_http = by_name["tiny overload adaptive over HTTP at 2x capacity: goodput >= 0.8 x peak"]
+    assert over_http.verdict == "MISS" and "vs peak 600/s at 1x = 0.50" in over_http.detail  # its own peak
+    rows = [line for line in format_overload_table([*grpc, *http]).splitlines() if line.startswith("| tiny |")]
+    assert [row.split(" | ")[2] for row in rows] == ["grpc"] * 3 + ["http"] * 3
+    mixed = point(MIXED_MODE, 0.65, (cls("tight", good=90, expired=10), cls("loose", good=100)), door="http")
+    tight = "tiny mixed adaptive over HTTP at 65% capacity, tight (5.0 ms): misses <= 5%"
+    assert mixed_targets([mixed])[0].name == tight

@@ -25,10 +25,13 @@ for each model:
    ``--overload-multiples`` × the closed-loop unary capacity (the sweep's peak, or a quick
    closed loop at the largest ``--concurrency`` when the sweep did not run), every request
    with a gRPC deadline and a ``timeout`` parameter of 10× the raw batch-of-one run time (at
-   least 5 ms), under each policy of ``--policies``;
+   least 5 ms), under each policy of ``--policies``. With ``--open-door http`` (the Go client
+   only) over the HTTP door instead: multiples of the HTTP door's closed-loop capacity, KServe v2
+   JSON bodies, each deadline in the ``trtserve-timeout-us`` header (and the client's own, 1 ms
+   later) instead of the gRPC deadline; the tables' ``door`` column says which;
 7. ``mixed``: Poisson at 65 % of that capacity, half the requests (at random) with a tight
    deadline (10× batch of one, at least 5 ms) and half with a loose one (10× the tight), under
-   each policy of ``--policies``;
+   each policy of ``--policies``; over ``--open-door`` as ``overload``;
 8. ``refusals`` (``benchlib.refusals``): per door of ``--protocol``, the closed loop at the
    largest ``--concurrency`` answered in full, then again with the model's queue held full (one
    request parked in it: ``max_queue_size`` 1 and a fixed queue delay of 600 s, set with
@@ -94,6 +97,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -207,6 +211,8 @@ POLICY_MODE = "policy"
 ALL_MODES = (*MODES, POLICY_MODE, OVERLOAD_MODE, MIXED_MODE, REFUSAL_MODE, EMBEDDINGS_MODE, GPU_MODE, QUEUE_MODE)
 CLIENTS = ("auto", "go", "python")
 """``--client``: the open loop's unary client; ``auto`` is the Go binary when it is built."""
+OPEN_LOOP_MODES = (OVERLOAD_MODE, MIXED_MODE)
+"""The modes ``--open-door`` sends over."""
 
 
 def _floats(text: str) -> list[float]:
@@ -318,6 +324,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="open-loop unary client (open sweep, overload, mixed): 'go' (clients/go/build/loadgen, built by "
              "'make loadgen'), 'python' (grpc.aio in the bench process, ~200 us of CPU per call), "
              "'auto' (go when built; default)")
+    add("--open-door", choices=PROTOCOLS, default=GRPC,
+        help="door of the overload and mixed modes' open loop: 'grpc' (default) or 'http' (KServe v2 REST, JSON "
+             "bodies, deadline in the trtserve-timeout-us header; multiples of the HTTP door's capacity; the Go "
+             "client only)")
     add("--serve-args", default="",
         help="more 'trtserve serve' flags for the server under test, one string (e.g. '--max-inflight-rpcs 8')")
     add("--long-text-callers", type=_ints, default=list(LONG_TEXT_CALLERS),
@@ -354,6 +364,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"mode 'policy' runs only for --policy-models ({','.join(args.policy_models)}), "
                          f"none of which is in --models ({','.join(args.models)})")
     use_go = _open_loop_client(args.client)
+    open_http = args.open_door == HTTP and bool(set(OPEN_LOOP_MODES) & set(args.modes))
+    if open_http and not use_go:
+        raise SystemExit("--open-door http: the open loop over HTTP is the Go load generator's (--client go or auto, "
+                         "with `make loadgen` built)")
     rng = np.random.default_rng(args.seed)
     texts = load_texts(args.data, args.requests, rng) if (main or queue) and (args.data / CORPUS).is_file() else []
     workloads = {m: build_workload(args.model_repository / m, args.requests, texts, rng)
@@ -366,7 +380,8 @@ def run(args: argparse.Namespace) -> int:
     long_text = None
     if main:
         serve_args = (*frontends,
-                      *(("--allow-http", "true", "--http-port", "0") if HTTP in args.protocol or embeddings else ()),
+                      *(("--allow-http", "true", "--http-port", "0")
+                        if HTTP in args.protocol or embeddings or open_http else ()),
                       *shlex.split(args.serve_args))
         with ServerProcess(args.model_repository, *serve_args) as server:
             http = f", HTTP at {server.http_url}" if server.http_url else ""
@@ -474,7 +489,7 @@ async def _bench(
         gen = LoadGenerator(channels, lambda: tree_cpu_seconds(server.pid), args.warmup, args.duration,
                             server_rss_mib=lambda: tree_rss_mib(server.pid),
                             go=GoLoadgen(server.url) if use_go else None)
-        print(f"open-loop unary client: {gen.open_loop_client}", flush=True)
+        print(f"open-loop unary client: {gen.open_loop_client}; overload and mixed over {args.open_door}", flush=True)
         print(f"{'model':8} {'mode':13} {format_header()}", flush=True)
         for model, workload in workloads.items():
             if not await gen.model_ready(model):
@@ -498,12 +513,14 @@ async def _bench(
                 async for point in policy_points(args, channel, gen, workload, raw, points, rng):
                     points.append(point)
                     print(f"{model:8} {point.policy:13} {format_row(point)}", flush=True)
-            for mode, run_mode in ((OVERLOAD_MODE, overload_points), (MIXED_MODE, mixed_points)):
-                if mode in args.modes:
-                    async for point in run_mode(args, channel, gen, workload, raw, points, rng):
-                        points.append(point)
-                        label = mode[:4] + " " + (point.policy or "")
-                        print(f"{model:8} {label:13} {format_row(point)}  {_classes_cell(point.classes)}", flush=True)
+            async with _open_loop_door(args, gen, server) as open_gen:
+                for mode, run_mode in ((OVERLOAD_MODE, overload_points), (MIXED_MODE, mixed_points)):
+                    if mode in args.modes:
+                        async for point in run_mode(args, channel, open_gen, workload, raw, points, rng):
+                            points.append(point)
+                            label = mode[:4] + " " + (point.policy or "")
+                            print(f"{model:8} {label:13} {format_row(point)}  {_classes_cell(point.classes)}",
+                                  flush=True)
             if REFUSAL_MODE in args.modes:
                 async for point in refusal_points(args, channel, gen, server, workload, raw):
                     points.append(point)
@@ -512,6 +529,20 @@ async def _bench(
         for c in channels:
             await c.close()
     return raws, points
+
+
+@contextlib.asynccontextmanager
+async def _open_loop_door(args: argparse.Namespace, gen: LoadGenerator,
+                          server: ServerProcess) -> AsyncIterator[LoadGenerator]:
+    """``gen`` for the overload and mixed modes: as it is for ``--open-door grpc``; for ``http``
+    over ``server``'s HTTP door, the open loop from the Go binary and the capacity's quick closed
+    loop (where the ``closed-http`` sweep did not run) from a REST client of the largest
+    ``--concurrency`` connections, closed on exit."""
+    if args.open_door != HTTP or not set(OPEN_LOOP_MODES) & set(args.modes):
+        yield gen
+        return
+    async with RestClient(server.http_url, max(args.concurrency)) as rest:
+        yield gen.over_http(rest, GoLoadgen(server.http_url))
 
 
 async def _unary_sweeps(

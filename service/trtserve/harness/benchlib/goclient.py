@@ -12,6 +12,12 @@ binary's, documented in its ``main.go``: messages length-prefixed (uint64), the 
 Clocks: the binary prints its start on ``CLOCK_MONOTONIC`` and records seconds from it; on
 Linux ``time.perf_counter()`` (the clock of :mod:`.load`) reads the same clock, so a record's
 time plus that start is a ``perf_counter`` time and the window's edges apply to it unchanged.
+
+Doors: by default the binary calls ModelInfer over gRPC; with ``http_path`` (its ``-http``) it
+POSTs each message, a KServe v2 JSON body, to that path of the server's HTTP door, sends each
+deadline as the ``trtserve-timeout-us`` header (and gives up 1 ms after it), and records the
+HTTP status as the gRPC code it stands for (429 RESOURCE_EXHAUSTED, 504 DEADLINE_EXCEEDED, ...),
+so both doors' records read the same.
 """
 
 from __future__ import annotations
@@ -34,11 +40,11 @@ LOADGEN = Path(__file__).resolve().parents[4] / "clients" / "go" / "build" / "lo
 """Where ``make loadgen`` (``clients/go/build.sh loadgen``) puts the binary."""
 LENGTH = np.dtype("<u8")
 SCHEDULE = np.dtype([("at_s", "<f8"), ("message", "<i8"), ("deadline_us", "<i8")])
-"""One call of the schedule: arrival (s from the start), message index, gRPC deadline (µs after
-sending; 0 = none)."""
+"""One call of the schedule: arrival (s from the start), message index, deadline (µs after
+sending; 0 = none): the gRPC deadline, or over HTTP the ``trtserve-timeout-us`` header."""
 RECORD = np.dtype([("message", "<i8"), ("scheduled_s", "<f8"), ("sent_s", "<f8"), ("done_s", "<f8"), ("code", "<i8")])
 """One call sent, in schedule order: message index; scheduled, sent and answered (s from the
-start, monotonic); gRPC status code."""
+start, monotonic); gRPC status code (over HTTP, the code the answer's status stands for)."""
 CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 SAME_CLOCK = "CLOCK_MONOTONIC" in time.get_clock_info("perf_counter").implementation
 
@@ -137,10 +143,11 @@ class GoRun:
 
 
 class GoLoadgen:
-    """Runs the Go binary against one server.
+    """Runs the Go binary against one server's door.
 
     Args:
-        url: the server's ``127.0.0.1:PORT`` (the binary refuses any address that is not loopback).
+        url: the door's ``127.0.0.1:PORT`` (the binary refuses any address that is not loopback):
+            the gRPC door's, or the HTTP door's for :meth:`started` with ``http_path``.
         binary: the built ``loadgen``.
     """
 
@@ -150,10 +157,12 @@ class GoLoadgen:
 
     @contextlib.asynccontextmanager
     async def started(self, messages: Sequence[bytes], schedule: tuple[np.ndarray, np.ndarray, np.ndarray | int],
-                      connections: int) -> AsyncIterator[GoRun]:
+                      connections: int, http_path: str | None = None) -> AsyncIterator[GoRun]:
         """The binary, started over ``connections`` connections, once it has printed its start;
         killed on exit if still running. ``schedule`` is (arrivals in s, non-decreasing;
-        message index per call; gRPC deadline per call or for all, in µs, 0 = none). Raises
+        message index per call; deadline per call or for all, in µs, 0 = none). With
+        ``http_path`` (``/v2/models/<model>/infer``) the messages are JSON bodies POSTed to that
+        path of the HTTP door at ``url``; else serialized ModelInferRequests. Raises
         RuntimeError when it fails before starting (e.g. the server is unreachable)."""
         calls = schedule_rows(*schedule)
         with tempfile.TemporaryDirectory(prefix="trtserve-loadgen-") as tmp:
@@ -164,6 +173,7 @@ class GoLoadgen:
             with (files / "stderr.txt").open("wb") as stderr:
                 proc = await asyncio.create_subprocess_exec(
                     str(self.binary), "-addr", self.url, "-connections", str(connections),
+                    *(("-http", http_path) if http_path is not None else ()),
                     "-messages", str(files / "messages.bin"), "-schedule", str(files / "schedule.bin"),
                     "-out", str(files / "records.bin"),
                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,

@@ -49,15 +49,17 @@ class RestRequest:
     headers: Mapping[str, str]
 
 
-def rest_request(model: str, inputs: Tensors) -> RestRequest:
+def rest_request(model: str, inputs: Tensors, *, binary: bool = True, timeout_us: int | None = None) -> RestRequest:
     """``inputs`` (name → array, any KServe datatype; object arrays of bytes are BYTES) as the
-    request ``tritonclient.http`` would send for ``model``: binary inputs, binary outputs."""
+    request ``tritonclient.http`` would send for ``model``: binary inputs (with ``binary``
+    False, JSON ``data`` instead: the body is then JSON alone and needs no header), binary
+    outputs; with ``timeout_us``, the ``timeout`` parameter (µs)."""
     tensors = []
     for name, array in inputs.items():
         tensor = triton_http.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array, binary_data=True)
+        tensor.set_data_from_numpy(array, binary_data=binary)
         tensors.append(tensor)
-    body, json_size = triton_http.InferenceServerClient.generate_request_body(tensors)
+    body, json_size = triton_http.InferenceServerClient.generate_request_body(tensors, timeout=timeout_us)
     headers = {} if json_size is None else {HEADER_LENGTH: str(json_size)}
     return RestRequest(f"/v2/models/{model}/infer", body, headers)
 

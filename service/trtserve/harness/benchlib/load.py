@@ -13,6 +13,12 @@ A unary call carries a gRPC deadline: by default only :data:`CALL_TIMEOUT_S`, a 
 the open loop's ``grpc_deadline`` gives each call its request's own deadline instead (as a
 client with an SLO would), so an answer that cannot come in time ends the call at that
 deadline on the client's side, DEADLINE_EXCEEDED.
+
+Doors: every call goes to the gRPC door unless :meth:`LoadGenerator.over_http` sends the unary
+calls to the HTTP door (KServe v2 REST): the closed loop's by the bench's aiohttp client, the
+open loop's by the Go binary (its ``-http``; there a request's deadline travels as the
+``trtserve-timeout-us`` header and the client's own deadline, and statuses are recorded as the
+gRPC names they stand for).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ class Window:
         late_mask: per request, True for an OK answer after its deadline.
         send_lag_us: per request, send − scheduled arrival in microseconds.
         before, after: counters at the window's start and after its last answer.
+        door: the door the requests went to: ``grpc`` or ``http``.
     """
 
     seconds: float
@@ -70,6 +77,7 @@ class Window:
     send_lag_us: np.ndarray
     before: Snapshot
     after: Snapshot
+    door: str = GRPC
 
     @property
     def late(self) -> int:
@@ -87,6 +95,24 @@ def open_channels(url: str, count: int, options: Sequence[tuple[str, object]]) -
     """
     opts = [*options, ("grpc.use_local_subchannel_pool", 1)]
     return [grpc.aio.insecure_channel(url, options=opts) for _ in range(count)]
+
+
+def json_bodies(requests: Sequence[RestRequest]) -> tuple[str, list[bytes]]:
+    """The one path and the bodies of REST infer ``requests``, as the Go binary sends them over
+    HTTP (``-http PATH``, each body as JSON).
+
+    Raises:
+        ValueError: no requests, more than one path, or a request that needs a header (the
+            binary tensor extension's ``Inference-Header-Content-Length``): the binary sends
+            none.
+    """
+    paths = {r.path for r in requests}
+    if len(paths) != 1:
+        raise ValueError(f"the Go load generator sends to one path over HTTP, got {sorted(paths)}")
+    if any(r.headers for r in requests):
+        raise ValueError("the Go load generator sends JSON bodies without headers over HTTP: build the requests with "
+                         "binary=False (no binary tensor extension)")
+    return paths.pop(), [r.body for r in requests]
 
 
 def _stream_code(response: pb.ModelStreamInferResponse) -> str:
@@ -120,7 +146,7 @@ class LoadGenerator:
     Unary calls are spread over the channels: caller k of a closed loop (request k of an
     open loop) uses channel ``k mod len(channels)``, as many clients, or a client's channel
     pool, would spread them. The stream, ModelStatistics and ModelReady use the first channel.
-    :meth:`over_http` gives a generator whose closed-loop unary calls go to the HTTP door instead.
+    :meth:`over_http` gives a generator whose unary calls go to the HTTP door instead.
 
     Args:
         channels: ``grpc.aio`` channels to the server, each its own connection (see
@@ -178,12 +204,15 @@ class LoadGenerator:
         """The door of the unary calls: ``grpc`` or ``http``."""
         return GRPC if self._rest is None else HTTP
 
-    def over_http(self, rest: RestClient) -> LoadGenerator:
+    def over_http(self, rest: RestClient, go: GoLoadgen | None = None) -> LoadGenerator:
         """The same generator (its channels still read the counters and ModelReady) with its
-        closed-loop unary calls sent by ``rest`` to the HTTP door: their messages are then
-        :class:`~.httpclient.RestRequest` bodies, not serialized ModelInferRequests."""
+        unary calls sent to the HTTP door: the closed loop's by ``rest``, the open loop's by
+        ``go`` (the Go binary at the HTTP door's address; without it :meth:`open_unary`
+        refuses). Their messages are then :class:`~.httpclient.RestRequest` bodies, not
+        serialized ModelInferRequests; the open loop's must be JSON alone, one path for all."""
         other = copy.copy(self)
         other._rest = rest
+        other._go = go
         return other
 
     def with_duration(self, duration_s: float) -> LoadGenerator:
@@ -217,19 +246,23 @@ class LoadGenerator:
         return "python" if self._go is None else "go"
 
     async def snapshot(self, model: str, client_cpu_s: Callable[[], float] | None = None) -> Snapshot:
-        """CPU seconds of both processes, the server's resident memory and the model's
-        ModelStatistics counters, now; ``client_cpu_s`` adds the CPU seconds of another client
-        process (the Go binary) to the bench's."""
+        """CPU seconds of both processes and the server's resident memory, now, then the model's
+        ModelStatistics counters (as soon as the server answers: a server swamped by an open
+        loop may take seconds); ``client_cpu_s`` adds the CPU seconds of another client process
+        (the Go binary) to the bench's."""
+        own = os.times()
+        server_cpu_s = self._server_cpu_s()
+        client = own.user + own.system + (client_cpu_s() if client_cpu_s is not None else 0.0)
+        rss = self._server_rss_mib() if self._server_rss_mib is not None else None
         response = await self._statistics(pb.ModelStatisticsRequest(name=model))
         stats = response.model_stats[0]
-        own = os.times()
         return Snapshot(
-            server_cpu_s=self._server_cpu_s(),
-            client_cpu_s=own.user + own.system + (client_cpu_s() if client_cpu_s is not None else 0.0),
+            server_cpu_s=server_cpu_s,
+            client_cpu_s=client,
             inference_count=stats.inference_count,
             execution_count=stats.execution_count,
             batches={b.batch_size: b.compute_infer.count for b in stats.batch_stats},
-            server_rss_mib=self._server_rss_mib() if self._server_rss_mib is not None else None,
+            server_rss_mib=rss,
         )
 
     async def _unary(self, message: bytes | RestRequest, k: int, timeout_s: float = CALL_TIMEOUT_S) -> str:
@@ -247,7 +280,8 @@ class LoadGenerator:
     async def measure(self, model: str, drive: Drive, client_cpu_s: Callable[[], float] | None = None) -> Window:
         """One point: ``drive(recorder, stop)`` sends and records requests (``recorder.add`` per
         answer) until ``stop`` is set, then follows what it sent to its answers and returns; it runs
-        ``warmup_s`` unmeasured, then ``duration_s`` between two :meth:`snapshot` of ``model``.
+        ``warmup_s`` unmeasured, then a window of ``duration_s`` from the first of two
+        :meth:`snapshot` of ``model`` (the second after the last answer).
         The requests scheduled inside the window are the sample (module docstring). A drive that
         raises ends the point with its exception."""
         recorder = Recorder()
@@ -255,10 +289,15 @@ class LoadGenerator:
         task = asyncio.ensure_future(drive(recorder, stop))
         try:
             await asyncio.sleep(self.warmup_s)
-            before = await self.snapshot(model, client_cpu_s)
+            # The window opens when the warm-up ends and lasts duration_s, however long the
+            # server's counters take: a door swamped by an open loop can hold ModelStatistics up
+            # for seconds, past the end of a pre-drawn schedule (its batch counts are then read
+            # late; the CPU and memory figures are read at once).
             start = time.perf_counter()
-            await asyncio.sleep(self.duration_s)
-            end = recorder.window_end = time.perf_counter()
+            end = start + self.duration_s
+            before = await self.snapshot(model, client_cpu_s)
+            await asyncio.sleep(max(end - time.perf_counter(), 0.0))
+            recorder.window_end = end
             stop.set()
             await task
         finally:
@@ -276,6 +315,7 @@ class LoadGenerator:
             send_lag_us=(sent - scheduled[keep]) * 1e6,
             before=before,
             after=after,
+            door=self.protocol,
         )
 
     async def closed_unary(self, model: str, messages: Sequence[bytes] | Sequence[RestRequest],
@@ -333,17 +373,23 @@ class LoadGenerator:
 
         return await self.measure(model, drive)
 
-    async def open_unary(self, model: str, messages: Sequence[bytes], arrivals: np.ndarray,
+    async def open_unary(self, model: str, messages: Sequence[bytes] | Sequence[RestRequest], arrivals: np.ndarray,
                          deadline_s: float | Sequence[float], *, grpc_deadline: bool = False) -> Window:
         """A ModelInfer at each of ``arrivals`` (seconds from the start, Poisson), each its
         own call, whether or not earlier ones were answered. Arrival k sends message
         ``k mod len(messages)``, whose deadline is ``deadline_s`` (seconds; one for all, or one
         per message, in the order of ``messages``); with ``grpc_deadline`` the call's gRPC
         deadline is that deadline too. With the Go client (``go``) the same schedule, window and
-        records, sent by the binary. Raises RuntimeError when the binary fails, ValueError
-        over HTTP (the open loop drives the gRPC door only)."""
-        if self._rest is not None:
-            raise ValueError("the open loop drives the gRPC door only")
+        records, sent by the binary; over HTTP (:meth:`over_http`) the binary POSTs each
+        message's JSON body, its call deadline sent as the ``trtserve-timeout-us`` header.
+
+        Raises:
+            RuntimeError: the binary fails.
+            ValueError: over HTTP without the Go binary, or with bodies it cannot send (see
+                :func:`json_bodies`).
+        """
+        if self._rest is not None and self._go is None:
+            raise ValueError("the open loop drives the HTTP door with the Go load generator only")
         if isinstance(deadline_s, (int, float)):
             deadlines = [float(deadline_s)] * len(messages)
         else:
@@ -357,7 +403,9 @@ class LoadGenerator:
             else:
                 call_us = round(CALL_TIMEOUT_S * 1e6)
             schedule = (arrivals, keys, call_us)
-            async with self._go.started(messages, schedule=schedule, connections=len(self._infers)) as run:
+            path, bodies = json_bodies(messages) if self._rest is not None else (None, messages)
+            async with self._go.started(bodies, schedule=schedule, connections=self.connections,
+                                        http_path=path) as run:
                 return await self.measure(model, lambda recorder, stop: run.drive(recorder, stop, deadlines),
                                            run.cpu_s)
 

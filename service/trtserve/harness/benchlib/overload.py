@@ -11,6 +11,10 @@ Pure: computed from the points' :class:`~.deadlines.DeadlineClass` summaries.
   request tight or loose at random (half each). Targets: misses (not answered OK within the
   deadline, refusals included) ≤ :data:`MISS_LIMITS` per class.
 
+Both modes run over the gRPC door or, with ``--open-door http``, the HTTP door (KServe v2
+REST; refusals recorded under the gRPC names their statuses stand for): each point's ``door``.
+A sweep is one (model, policy, door); its targets name the door when it is HTTP.
+
 Tables are Markdown (pipes), so a run's output can be pasted into docs/benchmarks.md.
 """
 
@@ -45,12 +49,18 @@ def mixed_deadlines_us(tight_us: int) -> dict[str, int]:
     return {TIGHT: tight_us, LOOSE: round(tight_us * MIXED_FACTORS[LOOSE] / MIXED_FACTORS[TIGHT])}
 
 
-def _groups(points: Sequence[Point], mode: str) -> dict[tuple[str, str], list[Point]]:
-    groups: dict[tuple[str, str], list[Point]] = {}
+def _groups(points: Sequence[Point], mode: str) -> dict[tuple[str, str, str], list[Point]]:
+    """The points of ``mode`` by (model, policy, door), in order."""
+    groups: dict[tuple[str, str, str], list[Point]] = {}
     for p in points:
         if p.mode == mode and p.classes:
-            groups.setdefault((p.model, p.policy or "-"), []).append(p)
+            groups.setdefault((p.model, p.policy or "-", p.door), []).append(p)
     return groups
+
+
+def _label(policy: str, door: str) -> str:
+    """A sweep's policy as its targets name it: ``adaptive``, or ``adaptive over HTTP``."""
+    return policy if door == "grpc" else f"{policy} over {door.upper()}"
 
 
 def _near(a: float | None, b: float) -> bool:
@@ -61,7 +71,8 @@ def overload_targets(points: Sequence[Point]) -> list[Target]:
     """Per (model, policy) of the overload sweep: goodput at 2× and 3× against the sweep's
     peak, and the RSS bound (see the module docstring)."""
     targets: list[Target] = []
-    for (model, policy), group in _groups(points, OVERLOAD_MODE).items():
+    for (model, policy, door), group in _groups(points, OVERLOAD_MODE).items():
+        policy = _label(policy, door)
         peak = max(group, key=lambda p: p.classes[0].goodput)
         top = peak.classes[0].goodput
         for multiple in OVERLOAD_TARGET_MULTIPLES:
@@ -96,7 +107,8 @@ def mixed_targets(points: Sequence[Point]) -> list[Target]:
     """Per (model, policy) of the mixed run and per class: its miss share against
     :data:`MISS_LIMITS`."""
     targets: list[Target] = []
-    for (model, policy), group in _groups(points, MIXED_MODE).items():
+    for (model, policy, door), group in _groups(points, MIXED_MODE).items():
+        policy = _label(policy, door)
         for p in group:
             for c in p.classes:
                 limit = MISS_LIMITS.get(c.name)
@@ -129,18 +141,20 @@ def format_overload_table(points: Sequence[Point]) -> str:
     if not groups:
         return ""
     out = [
-        "overload: Poisson, unary, every request with gRPC deadline = timeout parameter; "
-        "goodput = answers OK within the deadline per second; DE early = DEADLINE_EXCEEDED before the deadline passed",
-        _row(("model", "policy", "offered/s", "deadline ms", "goodput/s", "late", "RESOURCE_EXHAUSTED",
+        "overload: Poisson, unary, every request with deadline (gRPC deadline; over HTTP the trtserve-timeout-us "
+        "header) = timeout parameter; goodput = answers OK within the deadline per second; DE early = "
+        "DEADLINE_EXCEEDED (HTTP 504) before the deadline passed; RESOURCE_EXHAUSTED = HTTP 429",
+        _row(("model", "policy", "door", "offered/s", "deadline ms", "goodput/s", "late", "RESOURCE_EXHAUSTED",
               "DEADLINE_EXCEEDED (early)", OTHER, "p50 ms", "p99 ms", "send lag p99 ms", "RSS MiB")),
-        _row(("---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:")),
+        _row(("---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:",
+              "---:")),
     ]
-    for (model, policy), group in groups.items():
+    for (model, policy, door), group in groups.items():
         for p in group:
             c = p.classes[0]
             out.append(_row((
-                model, policy, f"{p.load:.0f} ({fmt(p.fraction, 'g')}x)", f"{c.deadline_ms:.1f}", f"{c.goodput:.0f}",
-                str(c.late), str(c.refused["RESOURCE_EXHAUSTED"]),
+                model, policy, door, f"{p.load:.0f} ({fmt(p.fraction, 'g')}x)", f"{c.deadline_ms:.1f}",
+                f"{c.goodput:.0f}", str(c.late), str(c.refused["RESOURCE_EXHAUSTED"]),
                 f"{c.refused['DEADLINE_EXCEEDED']} ({c.refused_early})", str(c.refused[OTHER]),
                 fmt(c.p50_ms, ".2f"), fmt(c.p99_ms, ".2f"), fmt(p.send_lag_p99_ms, ".1f"), _mib(p),
             )))
@@ -155,16 +169,16 @@ def format_mixed_table(points: Sequence[Point]) -> str:
     out = [
         "mixed: Poisson, unary, half tight and half loose deadlines at random; "
         "miss = not answered OK within the deadline",
-        _row(("model", "policy", "offered/s", "class", "deadline ms", "goodput/s", "miss %", "late",
+        _row(("model", "policy", "door", "offered/s", "class", "deadline ms", "goodput/s", "miss %", "late",
               "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED (early)", OTHER, "p50 ms", "p99 ms", "RSS MiB")),
-        _row(("---", "---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:",
-              "---:")),
+        _row(("---", "---", "---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:",
+              "---:", "---:")),
     ]
-    for (model, policy), group in groups.items():
+    for (model, policy, door), group in groups.items():
         for p in group:
             for c in p.classes:
                 out.append(_row((
-                    model, policy, f"{p.load:.0f} ({fmt(p.fraction, '.0%')})", c.name, f"{c.deadline_ms:.1f}",
+                    model, policy, door, f"{p.load:.0f} ({fmt(p.fraction, '.0%')})", c.name, f"{c.deadline_ms:.1f}",
                     f"{c.goodput:.0f}", f"{c.miss_share:.1%}", str(c.late), str(c.refused["RESOURCE_EXHAUSTED"]),
                     f"{c.refused['DEADLINE_EXCEEDED']} ({c.refused_early})", str(c.refused[OTHER]),
                     fmt(c.p50_ms, ".2f"), fmt(c.p99_ms, ".2f"), _mib(p),

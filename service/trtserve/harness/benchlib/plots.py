@@ -114,18 +114,21 @@ def plot_batches(model: str, points: Sequence[Point], max_batch_size: int, path:
 
 def plot_overload(model: str, points: Sequence[Point], path: Path) -> None:
     """Overload sweep: goodput (answers OK within their deadline per second) against offered
-    requests per second, one line per policy, beside the ideal (every offered request in time)."""
+    requests per second, one line per policy (and door, where the points have more than one),
+    beside the ideal (every offered request in time)."""
     sweeps: dict[str, list[Point]] = {}
+    doors = {p.door for p in points}
     for p in points:
         if p.classes:
-            sweeps.setdefault(p.policy or "-", []).append(p)
+            sweeps.setdefault((p.policy or "-") + (f" over {p.door}" if len(doors) > 1 else ""), []).append(p)
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     top = max(p.load for p in points)
     ax.plot([0, top], [0, top], color="grey", linestyle=":", label="every request in time")
     for policy, sweep in sweeps.items():
         sweep = sorted(sweep, key=lambda p: p.load)
         ax.plot([p.load for p in sweep], [p.classes[0].goodput for p in sweep], "o-", label=policy)
-    ax.set_title(f"{model} · overload, deadline {points[0].classes[0].deadline_ms:.1f} ms")
+    over = f" over {doors.pop()}" if len(doors) == 1 else ""
+    ax.set_title(f"{model} · overload{over}, deadline {points[0].classes[0].deadline_ms:.1f} ms")
     ax.set_xlabel("offered requests/s")
     ax.set_ylabel("goodput (OK within deadline)/s")
     ax.grid(True, alpha=0.3)

@@ -83,6 +83,7 @@ class Measurement:
         connections: client connections (gRPC channels; HTTP connections) the unary calls
             were spread over.
         classes: the requests by deadline class (overload and mixed modes); else empty.
+        door: the door the requests went to: ``grpc`` or ``http`` (KServe v2 REST).
     """
 
     model: str
@@ -102,6 +103,7 @@ class Measurement:
     server: str = SERVER
     connections: int = 1
     classes: tuple[DeadlineClass, ...] = ()
+    door: str = "grpc"
 
 
 def percentiles_ms(latency_us: np.ndarray, qs: Sequence[float] = PERCENTILES) -> dict[int | float, float | None]:
@@ -211,7 +213,7 @@ class Point:
             of the server and of the bench process.
         send_lag_p99_ms: open loop: p99 of how late the generator sent a request after its
             scheduled arrival (ms); None for the closed loop.
-        policy, server, connections, classes, rows_per_request: as in :class:`Measurement`.
+        policy, server, connections, classes, rows_per_request, door: as in :class:`Measurement`.
         rss_start_mib, rss_end_mib: the server tree's resident memory (MiB) at the start of
             the window and after its last answer; None where not read.
     """
@@ -245,6 +247,7 @@ class Point:
     rss_end_mib: float | None = None
     classes: tuple[DeadlineClass, ...] = ()
     rows_per_request: int = 1
+    door: str = "grpc"
 
 
 def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
@@ -293,6 +296,7 @@ def summarize(m: Measurement, raw_best_rows_per_s: float) -> Point:
         rss_end_mib=m.after.server_rss_mib,
         classes=m.classes,
         rows_per_request=m.rows_per_request,
+        door=m.door,
     )
 
 

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 
 from trtserve.harness.benchlib.deadlines import DeadlineClass, deadline_class, deadline_us, open_deadline_us
-from trtserve.harness.benchlib.httpclient import RestClient
+from trtserve.harness.benchlib.httpclient import RestClient, RestRequest
 from trtserve.harness.benchlib.load import METHOD, LoadGenerator, Window
 from trtserve.harness.benchlib.overload import (
     LOOSE,
@@ -109,12 +109,30 @@ async def mode_points(
         await asyncio.sleep(SETTLE_S)
 
 
+def unary_transport(gen: LoadGenerator) -> str:
+    """The unary transport of ``gen``'s door as the closed-loop modes name it: ``unary``
+    (gRPC, mode ``closed-unary``) or ``http`` (mode ``closed-http``)."""
+    return "http" if gen.protocol == HTTP else "unary"
+
+
+def unary_messages(gen: LoadGenerator, workload: Workload, count: int | None = None,
+                   timeout_us: int | None = None) -> list[bytes] | list[RestRequest]:
+    """``workload``'s requests (cycled to ``count``; with that ``timeout`` parameter, µs) for
+    ``gen``'s door: serialized ModelInferRequests over gRPC, KServe v2 JSON bodies over HTTP
+    (what the Go load generator sends there)."""
+    if gen.protocol == HTTP:
+        return workload.rest_requests(count, binary=False, timeout_us=timeout_us)
+    return workload.messages(count, timeout_us=timeout_us)
+
+
 async def find_capacity(args: argparse.Namespace, gen: LoadGenerator, workload: Workload, raw: RawReference,
                         transport: str, done: list[Point]) -> Point:
     """The closed-loop point at capacity over ``transport`` in this run (its ``rows_per_s``:
     requests/s, one row each): the peak of its sweep, else a quick closed loop
     (:data:`CAPACITY_S`, the largest ``--concurrency``) measured now and added to ``done`` as
-    mode ``capacity-<transport>``."""
+    mode ``capacity-<transport>``. ``transport``: ``stream``, or the unary door of ``gen``
+    (:func:`unary_transport`: ``unary`` over gRPC, ``http``; the quick loop over HTTP sends
+    :func:`unary_messages`' JSON bodies)."""
     model = workload.spec.name
     modes = (f"closed-{transport}", f"capacity-{transport}")
     closed = [p for p in done if p.model == model and p.server == SERVER and p.mode in modes]
@@ -126,7 +144,7 @@ async def find_capacity(args: argparse.Namespace, gen: LoadGenerator, workload: 
     if transport == "stream":
         window = await quick.closed_stream(model, workload.messages(count, with_ids=True), callers)
     else:
-        window = await quick.closed_unary(model, workload.messages(count), callers)
+        window = await quick.closed_unary(model, unary_messages(gen, workload, count), callers)
     connections = 1 if transport == "stream" else gen.connections
     point = to_point(workload, modes[1], callers, None, None, window, raw, connections=connections)
     done.append(point)
@@ -210,15 +228,17 @@ async def overload_points(
 ) -> AsyncIterator[Point]:
     """Mode ``overload`` for one model: per multiple of the unary capacity one Poisson trace,
     replayed under each policy, multiples ascending; every request's gRPC deadline and
-    ``timeout`` parameter 10× the raw batch-of-one run time, at least 5 ms.
+    ``timeout`` parameter 10× the raw batch-of-one run time, at least 5 ms. Over ``gen``'s
+    door: with :meth:`.LoadGenerator.over_http`, the HTTP door's capacity and JSON bodies, the
+    deadline in the ``trtserve-timeout-us`` header instead of the gRPC deadline.
 
     ``capacity`` (requests/s) replaces the measured one (:func:`find_capacity`); the points are
     of ``mode`` and ``server``; ``own_policy``: see :func:`_under_policies`."""
     model = workload.spec.name
     if capacity is None:
-        capacity = (await find_capacity(args, gen, workload, raw, "unary", done)).rows_per_s
+        capacity = (await find_capacity(args, gen, workload, raw, unary_transport(gen), done)).rows_per_s
     timeout_us = deadline_us(raw.batch1_ms, OVERLOAD_DEADLINE_FACTOR)
-    messages = workload.messages(timeout_us=timeout_us)
+    messages = unary_messages(gen, workload, timeout_us=timeout_us)
     span = gen.warmup_s + args.overload_duration + SCHEDULE_SLACK_S
     traces = [(m, poisson_arrivals(m * capacity, span, rng)) for m in sorted(args.overload_multiples)]
     measure = gen.with_duration(args.overload_duration)
@@ -245,14 +265,15 @@ async def mixed_points(
 ) -> AsyncIterator[Point]:
     """Mode ``mixed`` for one model: one Poisson trace at 65 % of the unary capacity, each
     arrival tight or loose at random (half each), replayed under each policy. ``capacity``,
-    ``mode``, ``server`` and ``own_policy`` as in :func:`overload_points`."""
+    ``mode``, ``server`` and ``own_policy`` as in :func:`overload_points`; over ``gen``'s door
+    as there."""
     model = workload.spec.name
     if capacity is None:
-        capacity = (await find_capacity(args, gen, workload, raw, "unary", done)).rows_per_s
+        capacity = (await find_capacity(args, gen, workload, raw, unary_transport(gen), done)).rows_per_s
     budgets = mixed_deadlines_us(deadline_us(raw.batch1_ms, MIXED_FACTORS[TIGHT]))
     arrivals = poisson_arrivals(MIXED_FRACTION * capacity, gen.warmup_s + args.mixed_duration + SCHEDULE_SLACK_S, rng)
     tight = rng.random(len(arrivals)) < 0.5
-    by_class = {name: workload.messages(timeout_us=us) for name, us in budgets.items()}
+    by_class = {name: unary_messages(gen, workload, timeout_us=us) for name, us in budgets.items()}
     # Message k is arrival k's: its class decides its deadline (the window's keys give it back).
     messages = [by_class[TIGHT if t else LOOSE][k % len(workload.requests)] for k, t in enumerate(tight)]
     deadlines_s = [budgets[TIGHT if t else LOOSE] / 1e6 for t in tight]
@@ -334,5 +355,5 @@ def to_point(workload: Workload, mode: str, load: float, fraction: float | None,
         rows_per_request=workload.rows_per_request,
         latency_us=window.latency_us, codes=window.codes, late=window.late, deadline_us=timeout_us,
         send_lag_us=window.send_lag_us, before=window.before, after=window.after, policy=policy,
-        server=server, connections=connections, classes=classes,
+        server=server, connections=connections, classes=classes, door=window.door,
     ), raw.best.rows_per_s)

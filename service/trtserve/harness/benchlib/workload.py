@@ -120,12 +120,15 @@ class Workload:
             for i in range(n)
         ]
 
-    def rest_requests(self, count: int | None = None) -> list[RestRequest]:
+    def rest_requests(self, count: int | None = None, *, binary: bool = True,
+                      timeout_us: int | None = None) -> list[RestRequest]:
         """The same requests as KServe v2 REST infer bodies (:func:`.httpclient.rest_request`:
-        binary tensor extension, as ``tritonclient.http`` sends by default), cycled to ``count``
-        (default: one per request)."""
+        binary tensor extension, as ``tritonclient.http`` sends by default; with ``binary``
+        False, JSON alone), cycled to ``count`` (default: one per request); with ``timeout_us``
+        each carries that ``timeout`` parameter (microseconds)."""
         n = len(self.requests) if count is None else count
-        bodies = [rest_request(self.spec.name, inputs) for inputs in self.requests[:n]]
+        bodies = [rest_request(self.spec.name, inputs, binary=binary, timeout_us=timeout_us)
+                  for inputs in self.requests[:n]]
         return [bodies[i % len(bodies)] for i in range(n)]
 
     def engine_batches(self, batch: int, engine_inputs: Sequence[TensorSpec], limit: int) -> list[Tensors]:
