@@ -227,11 +227,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         default = getattr(_HTTP_LIMITS, name)
         http_limits.add_argument(flag, type=kind, default=default, metavar="N",
                                  help=f"{meaning} (default: {default:g})")
-    http_limits.add_argument("--http-window", type=_window, default=None, metavar="auto|N",
+    http_limits.add_argument("--http-window", type=_window, default=0, metavar="auto|N",
                              help="inference requests the HTTP door runs at once; the rest wait unread and one "
                                   "still waiting at its trtserve-timeout-us deadline is answered 504 (auto: learned "
                                   "while serving from how close the requests let in come to their deadlines; N: "
-                                  "fixed; 0: none) (default: auto)")
+                                  "fixed; 0: none) (default: 0)")
     serve.add_argument("--model-control-mode", choices=[m.value for m in ControlMode],
                        default=ControlMode.NONE.value,
                        help="none: every model loaded at start, no changes; poll: the repository is rescanned every "

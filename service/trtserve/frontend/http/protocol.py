@@ -82,9 +82,11 @@ class HttpLimits:
         keepalive_timeout: seconds a connection may stay idle, before its first request or
             between requests, before the server closes it. Default 5 (uvicorn's).
         window: the inference requests the door runs at once, the rest held unread
-            (:mod:`trtserve.frontend.http.hold`): ``None`` (the default, ``--http-window auto``)
-            learns it while serving (:class:`~trtserve.frontend.window.ConcurrencyWindow`); a
-            number fixes it; 0: no window, every request runs at once.
+            (:mod:`trtserve.frontend.http.hold`): ``None`` (``--http-window auto``) learns it
+            while serving (:class:`~trtserve.frontend.window.ConcurrencyWindow`); a number fixes
+            it; 0 (the default): no window, every request runs at once. Off by default because
+            the bench did not show it paying on 2 cores (docs/benchmarks.md, "The HTTP door's
+            concurrency window").
 
     Raises:
         ValueError: a time that is not > 0, a rate < 0, a size or count < 1, or a window < 0
@@ -97,7 +99,7 @@ class HttpLimits:
     max_header_bytes: int = 32768
     max_headers: int = 100
     keepalive_timeout: float = 5.0
-    window: int | None = None
+    window: int | None = 0
 
     def __post_init__(self) -> None:
         if self.window is not None and self.window < 0:
