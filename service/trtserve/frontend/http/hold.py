@@ -12,9 +12,11 @@ close those it let in came to their deadlines.
 Which requests: ``POST /v2/models/<m>[/versions/<v>]/infer`` and ``POST /v1/embeddings``, as
 the application routes them (:meth:`RestApp.holdable <trtserve.frontend.http.app.RestApp.holdable>`).
 Health, metadata, statistics, tokenization and model control are never held. A request's
-deadline here is its ``trtserve-timeout-us`` header (a ``timeout`` parameter in its body is
-read only once it runs, by admission: until then such a request waits like one without a
-deadline).
+deadline here is its ``trtserve-timeout-us`` header, µs from its arrival at the door (a
+``timeout`` parameter in its body is read only once it runs, by admission: until then such a
+request waits like one without a deadline). A request that runs after waiting runs with the
+header rewritten to the budget it has left, so the application counts its deadline from the
+same arrival.
 
 Order: oldest first while the requests held are no more than the window (a burst is served in
 arrival order); newest first beyond that, when the server is overloaded ("adaptive LIFO",
