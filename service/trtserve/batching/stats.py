@@ -71,6 +71,8 @@ class DispatchStats:
         real_elements: of those, the elements the requests carried (the rest was padding).
         host_seconds: host CPU (the event-loop thread) spent on per-batch work beside the
             engine runs, over all batches (seconds; see :mod:`trtserve.batching.host`).
+        staged_batches: batches handed to a busy slot to run as soon as its batch returned
+            (staging, :mod:`trtserve.batching.dispatcher`).
     """
 
     batches: int = 0
@@ -87,6 +89,7 @@ class DispatchStats:
     padded_elements: int = 0
     real_elements: int = 0
     host_seconds: float = 0.0
+    staged_batches: int = 0
 
     def record_batch(self, rows: int, seconds: float, *, padded: int = 0, real: int = 0, requests: int = 0) -> None:
         """Count one engine run of ``rows`` rows that took ``seconds``.

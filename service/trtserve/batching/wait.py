@@ -146,9 +146,10 @@ class SlotEnds:
     def __init__(self, slots: int) -> None:
         self._ends = [0.0] * slots
 
-    def started(self, slot: int, now: float, low: float) -> None:
-        """A batch whose low run-time estimate is ``low`` seconds started on ``slot`` at ``now``."""
-        self._ends[slot] = now + low
+    def started(self, slot: int, now: float, low: float, *, staged: bool = False) -> None:
+        """A batch whose low run-time estimate is ``low`` seconds started on ``slot`` at ``now``,
+        or with ``staged``, was handed to it at ``now`` to run after the slot's current work."""
+        self._ends[slot] = (max(self._ends[slot], now) if staged else now) + low
 
     def free_at(self, now: float, idle: Collection[int]) -> list[float]:
         """Per slot, ascending: ``now`` if idle (or past its estimate), else its batch's earliest end."""

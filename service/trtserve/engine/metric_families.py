@@ -75,6 +75,10 @@ FAMILIES: dict[str, Family] = {
     "trtserve_batch_cap_rows": Family(
         "gauge", VERSIONED,
         "The batch cap in force: most rows a batch may take (max_batch_size, or the live cap below it)."),
+    "trtserve_batches_staged": Family(
+        "counter", VERSIONED,
+        "Batches handed to a busy execution slot to run as soon as its batch returned (staging: no idle "
+        "slot between full batches)."),
     "trtserve_batch_cap_moves": Family(
         "counter", VERSIONED, "Times the live batch cap moved while serving (each move is logged with why)."),
     "trtserve_queue_drain_seconds": Family(

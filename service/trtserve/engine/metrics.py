@@ -270,6 +270,7 @@ class TrtServeCollector:
         f["trtserve_padding_ratio"].add_metric(labels, stats.padding_ratio)
         f["trtserve_padding_elements"].add_metric(labels, stats.padded_elements - stats.real_elements)
         f["trtserve_batch_elements"].add_metric(labels, stats.padded_elements)
+        f["trtserve_batches_staged"].add_metric(labels, stats.staged_batches)
 
 
 class MetricsServer:

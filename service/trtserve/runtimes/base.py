@@ -11,7 +11,7 @@ futures, queues or gRPC.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -28,10 +28,14 @@ class Batch:
         parts: per piece, engine-input name → array with that piece's rows on axis 0.
             Pieces may differ in their non-batch dims where the engine's dims are -1.
         rows: total rows (sum of the pieces' rows), at most ``max_batch_size``.
+        ran: the monotonic seconds (start, end) of its run on the slot's thread, appended by
+            :func:`~trtserve.runtimes.threads.on_slot` (empty for a run not timed there): the
+            dispatcher tells the engine's time from the hand-off's with it.
     """
 
     parts: tuple[Tensors, ...]
     rows: int
+    ran: list[float] = field(default_factory=list, compare=False)
 
 
 class Backend(Protocol):

@@ -9,7 +9,6 @@ onnxruntime failures become :class:`~trtserve.errors.BackendError` here and nowh
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +17,7 @@ import numpy as np
 from trtserve.datatypes import DATATYPES, Datatype, Tensors
 from trtserve.errors import BackendError, InvalidRequest
 from trtserve.runtimes.base import Batch, StagingBuffers, pack
-from trtserve.runtimes.threads import slot_thread
+from trtserve.runtimes.threads import on_slot, slot_thread
 from trtserve.spec import TensorSpec
 
 if TYPE_CHECKING:
@@ -145,8 +144,7 @@ class OnnxRuntimeBackend:
 
     async def run(self, slot: int, batch: Batch) -> Tensors:
         """Run ``batch`` on session ``slot`` in that slot's thread. See :class:`~trtserve.runtimes.base.Backend`."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads[slot], self.run_inline, slot, batch)
+        return await on_slot(self._threads[slot], self.run_inline, slot, batch)
 
     def run_inline(self, slot: int, batch: Batch) -> Tensors:
         """Run ``batch`` on session ``slot`` on this thread (:class:`~trtserve.runtimes.base.RunsInline`).

@@ -60,6 +60,7 @@ from trtserve.datatypes import Datatype, Tensors
 from trtserve.errors import BackendError
 from trtserve.runtimes.base import Batch, StagingBuffers, pack
 from trtserve.runtimes.shared_tensors import Arena, Attachment, send_with_fd
+from trtserve.runtimes.threads import on_slot
 from trtserve.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -140,8 +141,7 @@ class PythonBackend:
             BackendError: ``predict`` raised or returned a wrong output, or the slot's worker
                 process died or was killed by :meth:`abort` (it is restarted first).
         """
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads[slot], self._run, slot, batch)
+        return await on_slot(self._threads[slot], self._run, slot, batch)
 
     def _run(self, slot: int, batch: Batch) -> Tensors:
         feed = pack(batch, self.inputs, self._staging[slot], self.spec.policy.pad_value)

@@ -53,6 +53,7 @@ from trtserve.runtimes.tensorrt_plan import (
     sidecar_problems,
     trt_datatype,
 )
+from trtserve.runtimes.threads import on_slot
 from trtserve.spec import TensorSpec
 
 if TYPE_CHECKING:
@@ -380,8 +381,7 @@ class TensorRTBackend:
 
     async def run(self, slot: int, batch: Batch) -> Tensors:
         """Run ``batch`` on slot ``slot`` in that slot's thread. See :class:`~trtserve.runtimes.base.Backend`."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads[slot], self._run, slot, batch)
+        return await on_slot(self._threads[slot], self._run, slot, batch)
 
     async def aclose(self) -> None:
         """Wait for every slot's stream, free buffers, streams, events and contexts, then the engine."""

@@ -13,9 +13,15 @@ Raising a thread's nice value needs no privilege.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+
+from trtserve.datatypes import Tensors
+from trtserve.runtimes.base import Batch
 
 MAX_NICE = 19
 """The largest nice value Linux gives a thread (the lowest priority)."""
@@ -42,4 +48,19 @@ def slot_thread(name: str, nice: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(1, thread_name_prefix=name, initializer=_lower_this_thread, initargs=(nice,))
 
 
-__all__ = ["DEFAULT_COMPUTE_NICE", "MAX_NICE", "slot_thread"]
+async def on_slot(thread: ThreadPoolExecutor, run: Callable[[int, Batch], Tensors], slot: int, batch: Batch) -> Tensors:
+    """``run(slot, batch)`` on the slot's ``thread``, without blocking the event loop; the run's
+    start and end on that thread (:func:`time.monotonic` seconds) are appended to ``batch.ran``.
+    Raises what ``run`` raises."""
+    return await asyncio.get_running_loop().run_in_executor(thread, _timed, run, slot, batch)
+
+
+def _timed(run: Callable[[int, Batch], Tensors], slot: int, batch: Batch) -> Tensors:
+    batch.ran.append(time.monotonic())
+    try:
+        return run(slot, batch)
+    finally:
+        batch.ran.append(time.monotonic())
+
+
+__all__ = ["DEFAULT_COMPUTE_NICE", "MAX_NICE", "on_slot", "slot_thread"]

@@ -25,7 +25,6 @@ torch failures become :class:`~trtserve.errors.BackendError` here and nowhere el
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import warnings
@@ -38,7 +37,7 @@ import numpy as np
 from trtserve.datatypes import BY_NUMPY, Datatype, Tensors
 from trtserve.errors import BackendError, Unsupported
 from trtserve.runtimes.base import Batch, StagingBuffers, pack
-from trtserve.runtimes.threads import slot_thread
+from trtserve.runtimes.threads import on_slot, slot_thread
 from trtserve.spec import TensorSpec
 
 log = logging.getLogger(__name__)
@@ -131,8 +130,7 @@ class TorchBackend:
 
     async def run(self, slot: int, batch: Batch) -> Tensors:
         """Run ``batch`` on slot ``slot`` in that slot's thread. See :class:`~trtserve.runtimes.base.Backend`."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads[slot], self.run_inline, slot, batch)
+        return await on_slot(self._threads[slot], self.run_inline, slot, batch)
 
     def run_inline(self, slot: int, batch: Batch) -> Tensors:
         """Run ``batch`` on slot ``slot`` on this thread (:class:`~trtserve.runtimes.base.RunsInline`).

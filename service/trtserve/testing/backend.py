@@ -66,6 +66,12 @@ class FakeBackend:
     that batch raise :class:`~trtserve.errors.BackendError` (fault injection). With a ``host``,
     each batch first queues its per-batch host work there, charged when the dispatcher calls
     :meth:`run` (inside the dispatcher's per-batch code, where the server's CPU goes).
+
+    A slot runs one batch at a time, as a real slot's thread does: a batch handed to a busy
+    slot (staged, :mod:`~trtserve.batching.dispatcher`) starts when the one before it ends.
+    ``handoff`` (seconds) is the hop between the event loop and an idle slot's thread, each way:
+    a batch handed to an idle slot starts that long after :meth:`run`, and every result reaches
+    the caller that long after its run ends (a staged batch starts at once, on the thread).
     """
 
     def __init__(
@@ -76,10 +82,13 @@ class FakeBackend:
         latency: Callable[[int], float] = lambda rows: 0.010,
         fail_when: Callable[[Batch], bool] = lambda batch: False,
         host: FakeHost | None = None,
+        handoff: float = 0.0,
     ) -> None:
         self.clock = clock
         self.host = host
+        self.handoff = handoff
         self.slots = slots
+        self._free_at = [-math.inf] * slots  # per slot: when its last batch handed to it ends
         self.latency = latency
         self.fail_when = fail_when
         fp32 = DATATYPES["FP32"]
@@ -95,22 +104,31 @@ class FakeBackend:
 
     def run(self, slot: int, batch: Batch) -> Awaitable[Tensors]:
         """Start ``batch`` (after its per-batch host work, with a host); the awaitable gives
-        ``{"y": 2·x}`` after ``latency(rows)`` seconds of fake time, or raises
+        ``{"y": 2·x}`` after ``latency(rows)`` seconds of fake time (once the slot's earlier
+        batches have run, and with the hand-off each way), or raises
         :class:`~trtserve.errors.BackendError` where ``fail_when`` says so."""
-        start = self.host.charge(self.host.cost.per_batch) if self.host else self.clock.now()
-        return self._run(batch, start)
-
-    async def _run(self, batch: Batch, start: float) -> Tensors:
+        ready = self.host.charge(self.host.cost.per_batch) if self.host else self.clock.now()
+        start = max(ready + self.handoff, self._free_at[slot])
+        end = self._free_at[slot] = start + self.latency(batch.rows)
         self.batches.append((start, batch))
+        self.batches.sort(key=lambda b: b[0])
+        return self._run(batch, start, end)
+
+    async def _run(self, batch: Batch, start: float, end: float) -> Tensors:
+        if start > self.clock.now():
+            await self.clock.sleep_until(start)
+        batch.ran.extend((start, end))  # its run on the slot's "thread", as runtimes.threads.on_slot records it
         self.running += 1
         self.max_running = max(self.max_running, self.running)
         try:
-            await self.clock.sleep_until(start + self.latency(batch.rows))
-            if self.fail_when(batch):
-                raise BackendError("scripted failure")
-            return {"y": pack(batch, self.inputs, StagingBuffers(), -1.0)["x"] * 2}
+            await self.clock.sleep_until(end)
         finally:
             self.running -= 1
+        if self.handoff:
+            await self.clock.sleep_until(end + self.handoff)
+        if self.fail_when(batch):
+            raise BackendError("scripted failure")
+        return {"y": pack(batch, self.inputs, StagingBuffers(), -1.0)["x"] * 2}
 
     async def aclose(self) -> None:
         """Nothing to release."""
