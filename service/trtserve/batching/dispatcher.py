@@ -444,10 +444,14 @@ class Dispatcher:
         length = max(p.entry.length for p in pieces)
         predicted = self.latency.predict(rows, length)
         now = self.clock.now()
-        self._ends.started(slot, now, self.latency.lower_bound(rows, length), staged=staged is not None)
+        low = self.latency.lower_bound(rows, length)
         if staged is None:
+            self._ends.started(slot, now, low)
             self._busy(slot, now, predicted)
         else:
+            # It skips the hand-off (see _busy): counted with it, each staged batch would push the
+            # slot's end, which the next one starts from, a hand-off later than it is.
+            self._ends.started(slot, now, max(low - (self._handoff or 0.0), 0.0), staged=True)
             self._busy(slot, max(now, self._busy_until[slot]), predicted, staged=True)
         for piece in pieces:
             self._inflight[piece.entry] = None
