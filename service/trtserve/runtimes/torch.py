@@ -143,6 +143,7 @@ class TorchBackend:
                 something other than its outputs.
         """
         torch = self._torch
+        feed: Tensors = {}
         try:
             with torch.inference_mode():
                 if self._cuda is not None:
@@ -151,12 +152,18 @@ class TorchBackend:
                     feed = pack(batch, self.inputs, self._staging[slot], self.pad_value)
                     args = [torch.from_numpy(self._unbatch(feed[name])) for name in self._arg_order]
                     result = self._module(*args)
-                outputs = self._named(result)
-                return {name: self._rebatch(t.detach().cpu().numpy()) for name, t in outputs.items()}
+                outputs = {name: t.detach().cpu().numpy() for name, t in self._named(result).items()}
         except BackendError:
             raise
         except Exception as exc:
             raise BackendError(f"torch failed on a batch of {batch.rows} rows: {exc}") from exc
+        # On the CPU an output the program returns as (a view of) an input is the slot's staging
+        # buffer, which its next batch overwrites (a staged one, before these answers are
+        # delivered): such an output is copied.
+        return {
+            name: self._rebatch(arr.copy() if any(np.may_share_memory(arr, x) for x in feed.values()) else arr)
+            for name, arr in outputs.items()
+        }
 
     def _unbatch(self, arr: np.ndarray) -> np.ndarray:
         return arr if self.batched else arr[0]
