@@ -148,3 +148,72 @@ async def test_admission_stays_a_lower_bound_through_a_backlog_of_staged_batches
         await clock.advance(0.0001)
     assert late.result()[0]["y"].shape == (8, 1)
     assert wait.finish <= clock.now() <= now + 0.060
+
+
+async def staged_behind_a_running_batch(d: Dispatcher, clock: FakeClock, *requests):
+    """Warm the latency model (unless it is), start one full batch, then queue ``requests``
+    (``(id, rows, deadline)``) and advance past the stage point: they wait staged. Returns
+    their futures."""
+    if not d.latency.measured:
+        warm = d.submit(rows(0, n=8))
+        await clock.advance(0.1)
+        assert warm.done()
+    d.submit(rows(1, n=8))
+    await settle()
+    futures = [d.submit(rows(i, n=n), deadline=deadline) for i, n, deadline in requests]
+    run = d.latency.predict(8)
+    await clock.advance(run - stage_ahead(run) + 0.0001)
+    assert d.stats.staged_batches == 1 and not d.queue.entries
+    return futures
+
+
+async def test_a_request_cancelled_while_staged_is_withdrawn_and_its_neighbours_still_run():
+    """A staged batch is still waiting: a caller that goes away takes its rows out of it (they
+    cost no engine time), the other rows run and are answered. Staged rows count as queued."""
+    clock, backend, d = make(cap=8)
+    gone, kept = await staged_behind_a_running_batch(d, clock, (2, 4, float("inf")), (3, 4, float("inf")))
+    assert (d.snapshot().queued_requests, d.snapshot().queued_rows) == (2, 8)
+    gone.cancel()
+    await settle()
+    assert d.snapshot().queued_rows == 4
+    await clock.advance(0.1)
+    assert kept.result()[0]["y"].ravel().tolist() == [6.0] * 4
+    assert backend.ids()[2] == [3.0] * 4  # the staged batch ran without the cancelled rows
+    assert d.stats.batch_sizes[4] == 1
+
+
+async def test_a_staged_batch_whose_callers_all_left_is_skipped_and_frees_its_slot():
+    clock, backend, d = make(cap=8)
+    (gone,) = await staged_behind_a_running_batch(d, clock, (2, 8, float("inf")))
+    gone.cancel()
+    await clock.advance(0.05)
+    skipped = backend.batches[2][1]
+    assert skipped.ran == [] and skipped.rows == 0  # never started on the slot's "thread"
+    assert d.idle_slots == 1 and d.snapshot().queued_rows == 0
+    after = d.submit(rows(4, n=1))
+    await clock.advance(0.05)
+    assert after.done() and backend.ids()[-1] == [4.0]
+
+
+async def test_a_deadline_passed_while_staged_behind_a_slow_batch_answers_not_run():
+    """The running batch takes a second (a stalled engine); the staged request's deadline, 50 ms
+    away, passes while it waits: DEADLINE_EXCEEDED saying it was not run, counted as expired
+    before its run, and the batch of it is skipped when the slot is back."""
+    clock = FakeClock()
+    slow = {"on": False}
+    backend = FakeBackend(clock, latency=lambda b: 1.0 if slow["on"] else ENGINE(b), handoff=HANDOFF)
+    d = Dispatcher(backend, BatchingPolicy(max_batch_size=8), clock=clock)
+    d.start()
+    warm = d.submit(rows(0, n=8))
+    await clock.advance(0.1)
+    assert warm.done()
+    slow["on"] = True
+    (late,) = await staged_behind_a_running_batch(d, clock, (2, 8, clock.now() + 0.05))
+    await clock.advance(0.05)
+    assert late.done()
+    with pytest.raises(Exception, match="it was not run"):
+        late.result()
+    assert d.stats.expired_before_run == 1 and d.stats.finished_late == 0
+    await clock.advance(2.5)
+    assert backend.batches[-1][1].ran == []
+    assert d.idle_slots == 1

@@ -58,7 +58,7 @@ from trtserve.config import BatchingPolicy, TimeoutAction
 from trtserve.datatypes import Tensors
 from trtserve.errors import BackendError, RequestTimeout, ShuttingDown, TrtServeError
 from trtserve.ipc.admission import QueueHint
-from trtserve.runtimes.base import Backend, Batch, RunsInline, unpack
+from trtserve.runtimes.base import Backend, Batch, BatchWithdrawn, RunsInline, unpack
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class Dispatcher:
         self._idle = list(range(backend.slots))
         self._running: set[asyncio.Task[None]] = set()
         self._inflight: dict[QueueEntry, None] = {}  # entries with rows in a running (or staged) batch
-        self._staged: dict[int, tuple[Sequence[Piece], float]] = {}  # slot -> batch queued behind its run, predicted s
+        self._staged: dict[int, tuple[list[Piece], float, Batch]] = {}  # slot -> batch behind its run, predicted s
         self._busy_until = [-math.inf] * backend.slots  # per slot: when its work handed over ends, predicted
         self._stage_at = [math.inf] * backend.slots  # per slot: when its next batch may be staged
         self._ended = [-math.inf] * backend.slots  # per slot: when the loop saw its last batch return
@@ -252,8 +252,10 @@ class Dispatcher:
         now = self.clock.now()
         wait = self.predict_wait(math.inf, math.inf, 0)
         cap = self.cap
+        staged = [p for pieces, _, _ in list(self._staged.values()) for p in list(pieces)]
         return DispatchSnapshot(
-            queued_requests=len(self.queue.entries), queued_rows=self.queue.queued_rows, slots=self.backend.slots,
+            queued_requests=len(self.queue.entries) + len({id(p.entry) for p in staged if not p.entry.rows}),
+            queued_rows=self.queue.queued_rows + sum(p.rows for p in staged), slots=self.backend.slots,
             busy_slots=self.backend.slots - len(self._idle), unhealthy_slots=len(self.hangs.unhealthy),
             healthy=self.healthy, arrival_rate=self.arrivals.rate(now), cap=cap.value, cap_live=cap.live,
             cap_reason=cap.reason, cap_moves=cap.moves, drain_s=wait.start - wait.now,
@@ -395,7 +397,8 @@ class Dispatcher:
 
     def _watch(self, now: float) -> float | None:
         """Answer DEADLINE_EXCEEDED to callers whose deadline passed while their batch runs
-        (they stop waiting for a slow or hung engine), and mark slots whose batch hung
+        (they stop waiting for a slow or hung engine) or waits staged behind another (its rows
+        are withdrawn: see :meth:`_unstage`), and mark slots whose batch hung
         (:class:`~trtserve.batching.watchdog.HangWatch`). Returns when to look again."""
         wake = self.hangs.check(now)
         for entry in list(self._inflight):
@@ -404,8 +407,15 @@ class Dispatcher:
             elif entry.deadline <= now:
                 del self._inflight[entry]
                 self.queue.remove(entry)
-                self.stats.finished_late += 1
-                _fail(entry, RequestTimeout("the request's deadline passed while its batch was still running"))
+                self._unstage(entry)
+                if entry.running:
+                    self.stats.finished_late += 1
+                    _fail(entry, RequestTimeout("the request's deadline passed while its batch was still running"))
+                else:
+                    self.stats.expired_before_run += 1
+                    _fail(entry, RequestTimeout(
+                        f"the request's deadline passed after {(now - entry.arrival) * 1e3:.1f} ms, while its batch "
+                        "waited on a slot behind the batch running there; it was not run"))
             else:
                 wake = min(wake, entry.deadline)
         return wake if wake < math.inf else None
@@ -455,25 +465,27 @@ class Dispatcher:
             self._busy(slot, max(now, self._busy_until[slot]), predicted, staged=True)
         for piece in pieces:
             self._inflight[piece.entry] = None
+        batch = Batch(tuple(p.inputs() for p in pieces), rows)
         if staged is not None:
-            self._staged[slot] = (pieces, predicted)
+            self._staged[slot] = (pieces, predicted, batch)
             self.stats.staged_batches += 1
         else:
             self.hangs.started(slot, now, predicted)
             self.stats.record_started(_waits(pieces, now))
             if self._inline and predicted <= INLINE_RUN_S and self.latency.measured:
-                self._run_inline(slot, pieces, cpu_mark)
+                self._run_inline(slot, pieces, batch, cpu_mark)
                 return
         task = asyncio.get_running_loop().create_task(
-            self._run(slot, pieces, self.host.cpu() - cpu_mark, staged=staged is not None))
+            self._run(slot, pieces, batch, self.host.cpu() - cpu_mark, staged=staged is not None))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _run(self, slot: int, pieces: Sequence[Piece], launch_cpu: float, *, staged: bool) -> None:
+    async def _run(self, slot: int, pieces: Sequence[Piece], batch: Batch, launch_cpu: float, *,
+                   staged: bool) -> None:
         # Host CPU of this batch: the decision and launch (launch_cpu), this code up to the
         # backend's first suspension, and the code after the run up to the delivery.
         mark = self.host.cpu()
-        batch, start = self._batch(pieces)
+        start = self.clock.now()
         try:
             pending = self.backend.run(slot, batch)
             host_cpu = launch_cpu + self.host.cpu() - mark
@@ -481,15 +493,17 @@ class Dispatcher:
             # A staged batch started when the one before it on the slot returned.
             start, self._ended[slot] = max(start, self._ended[slot]), self.clock.now()
             self._ran(pieces, batch, outputs, start, host_cpu, staged=staged)
+        except BatchWithdrawn:
+            pass  # staged, and every request of it was answered before its turn (see _unstage)
         except Exception as exc:
             self._ended[slot] = self.clock.now()
             self._fail_pieces(pieces, exc)
         finally:
             self._free(slot)
 
-    def _run_inline(self, slot: int, pieces: Sequence[Piece], cpu_mark: float) -> None:
+    def _run_inline(self, slot: int, pieces: Sequence[Piece], batch: Batch, cpu_mark: float) -> None:
         # Host CPU: the decision and launch up to the run; the run itself is the engine's.
-        batch, start = self._batch(pieces)
+        start = self.clock.now()
         try:
             host_cpu = self.host.cpu() - cpu_mark
             self._ran(pieces, batch, self.backend.run_inline(slot, batch), start, host_cpu)  # type: ignore[attr-defined]
@@ -497,10 +511,6 @@ class Dispatcher:
             self._fail_pieces(pieces, exc)
         finally:
             self._free(slot)
-
-    def _batch(self, pieces: Sequence[Piece]) -> tuple[Batch, float]:
-        """The batch of ``pieces`` and the time it is handed to the backend."""
-        return Batch(tuple(p.inputs() for p in pieces), sum(p.rows for p in pieces)), self.clock.now()
 
     def _ran(self, pieces: Sequence[Piece], batch: Batch, outputs: Tensors, start: float, host_cpu: float, *,
              staged: bool = False) -> None:
@@ -551,7 +561,7 @@ class Dispatcher:
         if staged is None:
             self._idle.append(slot)
         else:
-            pieces, predicted = staged
+            pieces, predicted, _ = staged
             now = self.clock.now()
             self._busy(slot, now, predicted, staged=True)
             self.hangs.started(slot, now, predicted)
@@ -589,10 +599,27 @@ class Dispatcher:
             _fail(piece.entry, exc)
 
     def _on_done(self, entry: QueueEntry) -> None:
-        # Cancelled by the caller: its queued rows must not run. (An entry is queued exactly
-        # while it has rows left; a resolved one has none or was removed already.)
+        # Cancelled by the caller (or failed): its queued rows must not run, nor its staged ones.
+        # (An entry is queued exactly while it has rows left; a resolved one has none or was
+        # removed already.)
         if entry.rows and self.queue.remove(entry):
             self._wake.set()
+        if entry.running:
+            self._unstage(entry)
+
+    def _unstage(self, entry: QueueEntry) -> None:
+        """Withdraw the rows of ``entry``, and of every answered request, from the staged
+        batches whose run has not begun on the slot's thread (:meth:`Batch.withdraw
+        <trtserve.runtimes.base.Batch.withdraw>`): a request cancelled or past its deadline while
+        its batch waits behind another costs no engine time, and a batch left with none is
+        skipped. ``entry.running`` counts only the pieces still to run after it."""
+        for pieces, _, batch in self._staged.values():
+            keep = [i for i, p in enumerate(pieces) if p.entry is not entry and not p.entry.done]
+            if len(keep) < len(pieces) and batch.withdraw(keep, sum(pieces[i].rows for i in keep)):
+                for i, piece in enumerate(pieces):
+                    if i not in keep:
+                        piece.entry.running -= 1
+                pieces[:] = [pieces[i] for i in keep]
 
 
 def _no_cpu() -> float:

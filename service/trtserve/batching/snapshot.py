@@ -17,8 +17,9 @@ class DispatchSnapshot:
     <trtserve.batching.dispatcher.Dispatcher.snapshot>`).
 
     Attributes:
-        queued_requests: requests waiting in the queue.
-        queued_rows: rows waiting in the queue.
+        queued_requests: requests waiting to run: in the queue, or staged behind a slot's
+            running batch (not yet started on its thread).
+        queued_rows: rows waiting to run, the same way.
         slots: execution slots (``instance_group`` count).
         busy_slots: slots running a batch now.
         unhealthy_slots: slots running one batch past the hang limit.

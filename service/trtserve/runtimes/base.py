@@ -10,6 +10,7 @@ futures, queues or gRPC.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -20,7 +21,7 @@ from trtserve.datatypes import Tensors
 from trtserve.spec import TensorSpec
 
 
-@dataclass(frozen=True)
+@dataclass
 class Batch:
     """Work for one engine run.
 
@@ -31,11 +32,42 @@ class Batch:
         ran: the monotonic seconds (start, end) of its run on the slot's thread, appended by
             :func:`~trtserve.runtimes.threads.on_slot` (empty for a run not timed there): the
             dispatcher tells the engine's time from the hand-off's with it.
+
+    A batch handed to a slot that is still running another (staged) can lose pieces until its
+    run begins: the dispatcher :meth:`withdraw` s the rows of requests that were cancelled or
+    passed their deadline while it waited, and the slot's thread calls :meth:`begin` first.
     """
 
     parts: tuple[Tensors, ...]
     rows: int
     ran: list[float] = field(default_factory=list, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+    _begun: bool = field(default=False, compare=False, repr=False)
+
+    def begin(self) -> None:
+        """Mark the run begun (on the slot's thread, before it reads ``parts``): nothing is
+        withdrawn after this.
+
+        Raises:
+            BatchWithdrawn: every piece was withdrawn first; the run must be skipped.
+        """
+        with self._lock:
+            if not self.parts:
+                raise BatchWithdrawn("every request of the batch was withdrawn before its run")
+            self._begun = True
+
+    def withdraw(self, keep: Sequence[int], rows: int) -> bool:
+        """Keep only the pieces at the indices ``keep`` (``rows`` rows in all; none: the run is
+        skipped), if the run has not begun. Returns whether it had not (else nothing changed)."""
+        with self._lock:
+            if self._begun:
+                return False
+            self.parts, self.rows = tuple(self.parts[i] for i in keep), rows
+            return True
+
+
+class BatchWithdrawn(Exception):
+    """A batch's run was skipped: the dispatcher withdrew every piece before it began."""
 
 
 class Backend(Protocol):

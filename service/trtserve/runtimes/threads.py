@@ -49,13 +49,19 @@ def slot_thread(name: str, nice: int) -> ThreadPoolExecutor:
 
 
 async def on_slot(thread: ThreadPoolExecutor, run: Callable[[int, Batch], Tensors], slot: int, batch: Batch) -> Tensors:
-    """``run(slot, batch)`` on the slot's ``thread``, without blocking the event loop; the run's
-    start and end on that thread (:func:`time.monotonic` seconds) are appended to ``batch.ran``.
-    Raises what ``run`` raises."""
+    """``run(slot, batch)`` on the slot's ``thread``, without blocking the event loop, once
+    :meth:`Batch.begin <trtserve.runtimes.base.Batch.begin>` lets it; the run's start and end on
+    that thread (:func:`time.monotonic` seconds) are appended to ``batch.ran``.
+
+    Raises:
+        BatchWithdrawn: the batch was withdrawn before its turn on the thread (not run).
+        Whatever ``run`` raises.
+    """
     return await asyncio.get_running_loop().run_in_executor(thread, _timed, run, slot, batch)
 
 
 def _timed(run: Callable[[int, Batch], Tensors], slot: int, batch: Batch) -> Tensors:
+    batch.begin()
     batch.ran.append(time.monotonic())
     try:
         return run(slot, batch)

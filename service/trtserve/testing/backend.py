@@ -106,7 +106,8 @@ class FakeBackend:
         """Start ``batch`` (after its per-batch host work, with a host); the awaitable gives
         ``{"y": 2·x}`` after ``latency(rows)`` seconds of fake time (once the slot's earlier
         batches have run, and with the hand-off each way), or raises
-        :class:`~trtserve.errors.BackendError` where ``fail_when`` says so."""
+        :class:`~trtserve.errors.BackendError` where ``fail_when`` says so, or
+        :class:`~trtserve.runtimes.base.BatchWithdrawn` for a batch withdrawn before its start."""
         ready = self.host.charge(self.host.cost.per_batch) if self.host else self.clock.now()
         start = max(ready + self.handoff, self._free_at[slot])
         end = self._free_at[slot] = start + self.latency(batch.rows)
@@ -117,6 +118,7 @@ class FakeBackend:
     async def _run(self, batch: Batch, start: float, end: float) -> Tensors:
         if start > self.clock.now():
             await self.clock.sleep_until(start)
+        batch.begin()  # a batch withdrawn while staged is skipped (its fake time stays taken)
         batch.ran.extend((start, end))  # its run on the slot's "thread", as runtimes.threads.on_slot records it
         self.running += 1
         self.max_running = max(self.max_running, self.running)
