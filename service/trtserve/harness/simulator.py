@@ -165,6 +165,8 @@ async def simulate(
     late_seconds = 0.0
     started_late = 0
     for start, batch in engine.batches:
+        if not batch.ran:
+            continue  # staged, then withdrawn before its start: it never ran
         end = start + latency(batch.rows)
         ids = [int(p["x"][r, 0]) for p in batch.parts for r in range(len(p["x"]))]
         late = [i for i in ids if end > due[i] + 1e-12]
