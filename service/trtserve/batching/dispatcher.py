@@ -616,9 +616,9 @@ class Dispatcher:
         for pieces, _, batch in self._staged.values():
             keep = [i for i, p in enumerate(pieces) if p.entry is not entry and not p.entry.done]
             if len(keep) < len(pieces) and batch.withdraw(keep, sum(pieces[i].rows for i in keep)):
-                for i, piece in enumerate(pieces):
-                    if i not in keep:
-                        piece.entry.running -= 1
+                kept = set(keep)
+                for piece in (p for i, p in enumerate(pieces) if i not in kept):
+                    piece.entry.running -= 1
                 pieces[:] = [pieces[i] for i in keep]
 
 
