@@ -239,6 +239,40 @@ async def test_engine_failure_fails_only_that_batch_and_the_slot_keeps_serving()
     assert good.result()[0]["y"][0, 0] == 4.0
 
 
+async def test_a_bug_in_the_dispatch_loop_answers_what_it_held_and_the_loop_serves_on(monkeypatch, caplog):
+    """A loop that raises must not leave its callers waiting forever: the queued requests are
+    answered INTERNAL naming the error, the running batch still delivers, the failure is logged
+    and counted, and the next request is served."""
+    import trtserve.batching.dispatcher as dispatcher_module
+
+    clock, backend, d = make(BatchingPolicy(max_batch_size=1))
+    running = d.submit(rows(1))
+    await settle()
+    queued = [d.submit(rows(i)) for i in (2, 3)]
+    await settle()
+    real = dispatcher_module.decide
+    fail = [True]
+
+    def decide_once_broken(*args, **kwargs):
+        if fail[0]:
+            fail[0] = False
+            raise ZeroDivisionError("a bug")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dispatcher_module, "decide", decide_once_broken)
+    await clock.advance(0.010)  # the running batch returns: the loop's next decision raises
+    assert running.result()[0]["y"][0, 0] == 2.0
+    for fut in queued:
+        with pytest.raises(BackendError, match=r"dispatcher of model failed \(ZeroDivisionError: a bug\)"):
+            fut.result()
+    assert "the dispatch loop failed" in caplog.text
+    assert d.stats.loop_failures == 1
+    later = d.submit(rows(5))
+    await clock.advance(0.010)
+    assert later.result()[0]["y"][0, 0] == 10.0
+    await d.aclose()
+
+
 async def test_full_queue_refuses_without_blocking():
     clock, backend, d = make(BatchingPolicy(max_batch_size=1, default_queue=QueuePolicy(max_queue_size=2)))
     d.submit(rows(0))

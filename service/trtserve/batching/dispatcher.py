@@ -332,6 +332,32 @@ class Dispatcher:
     # -- the loop -----------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        """Run :meth:`_dispatch` until it returns (closed and drained). Should it raise (a bug in
+        the policy or the dispatcher, never an engine error, which fails only its own batch), the
+        error is logged with its traceback, every queued request is answered INTERNAL naming it
+        instead of waiting forever on a loop that is gone, and the loop starts again at the next
+        arrival or freed slot: batches already running deliver as usual, and later requests are
+        served (or, while the bug recurs, refused the same way, never left hanging)."""
+        while True:
+            try:
+                await self._dispatch()
+                return
+            except Exception as exc:
+                log.exception("%s: the dispatch loop failed; answering the %d queued requests INTERNAL",
+                              self.name, len(self.queue.entries))
+                self.stats.loop_failures += 1
+                failure = BackendError(f"the dispatcher of {self.name} failed ({type(exc).__name__}: {exc}) "
+                                       "while this request was queued; it was not run")
+                for entry in list(self.queue.entries):
+                    self.queue.remove(entry)
+                    _fail(entry, failure)
+                self._hold = None
+                if self._closing and len(self._idle) == self.backend.slots:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+
+    async def _dispatch(self) -> None:
         cpu = self.host.cpu
         while True:
             self._wake.clear()

@@ -73,6 +73,9 @@ class DispatchStats:
             engine runs, over all batches (seconds; see :mod:`trtserve.batching.host`).
         staged_batches: batches handed to a busy slot to run as soon as its batch returned
             (staging, :mod:`trtserve.batching.dispatcher`).
+        loop_failures: times the dispatch loop itself raised (a bug) and answered its queued
+            requests INTERNAL before starting again (:meth:`Dispatcher._loop
+            <trtserve.batching.dispatcher.Dispatcher._loop>`).
     """
 
     batches: int = 0
@@ -90,6 +93,7 @@ class DispatchStats:
     real_elements: int = 0
     host_seconds: float = 0.0
     staged_batches: int = 0
+    loop_failures: int = 0
 
     def record_batch(self, rows: int, seconds: float, *, padded: int = 0, real: int = 0, requests: int = 0) -> None:
         """Count one engine run of ``rows`` rows that took ``seconds``.

@@ -79,6 +79,10 @@ FAMILIES: dict[str, Family] = {
         "counter", VERSIONED,
         "Batches handed to a busy execution slot to run as soon as its batch returned (staging: no idle "
         "slot between full batches)."),
+    "trtserve_dispatch_loop_failures": Family(
+        "counter", VERSIONED,
+        "Times the dispatch loop raised (a bug, logged with its traceback): the requests it held were answered "
+        "INTERNAL and the loop started again. Alert on any."),
     "trtserve_batch_cap_moves": Family(
         "counter", VERSIONED, "Times the live batch cap moved while serving (each move is logged with why)."),
     "trtserve_queue_drain_seconds": Family(

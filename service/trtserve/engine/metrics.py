@@ -271,6 +271,7 @@ class TrtServeCollector:
         f["trtserve_padding_elements"].add_metric(labels, stats.padded_elements - stats.real_elements)
         f["trtserve_batch_elements"].add_metric(labels, stats.padded_elements)
         f["trtserve_batches_staged"].add_metric(labels, stats.staged_batches)
+        f["trtserve_dispatch_loop_failures"].add_metric(labels, stats.loop_failures)
 
 
 class MetricsServer:
