@@ -140,3 +140,22 @@ def test_simulation_at_5_percent_load_never_waits():
     result = asyncio.run(simulate(BatchingPolicy(max_batch_size=8), trace, deadline=0.010, latency=latency))
     assert result.p50_ms == pytest.approx(latency(1) * 1e3)
     assert result.miss_rate == 0 and result.ran_after_deadline == 0
+
+
+def test_staging_keeps_a_gpu_shaped_engine_near_its_ideal_despite_the_hand_offs():
+    """Issue 36's GPU-shaped engine (4 ms + 0.1 ms a row, cap 64), 8-row requests with 20.8 ms
+    deadlines, Poisson at 80 % of capacity, each hop between the loop and the slot's thread
+    1.5 ms: staged batches stay open to arrivals until they begin, so the engine runs batch after
+    batch without waiting for the hops (before open staging: 36 % missed, against 1.4 % with no
+    hops). Nothing runs for an answer nobody reads."""
+    engine = affine(0.004, 0.0001)
+    trace = poisson_trace(0.8 * 64 / engine(64) / 8, 1.0, seed=1)
+
+    def run(handoff: float):
+        return asyncio.run(simulate(BatchingPolicy(max_batch_size=64), trace, deadline=0.0208, latency=engine,
+                                    rows=8, handoff=handoff))
+
+    ideal, handed = run(0.0), run(0.0015)
+    assert ideal.miss_rate <= 0.03
+    assert handed.miss_rate <= ideal.miss_rate + 0.08
+    assert handed.late_engine_seconds == 0 and handed.ran_after_deadline == 0

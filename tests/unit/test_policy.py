@@ -30,6 +30,7 @@ from trtserve.batching.policy import (
     decide,
     ends_hold,
     margin,
+    top_up,
 )
 from trtserve.batching.queue import QueueEntry
 from trtserve.config import BatchingPolicy, QueuePolicy, TimeoutAction
@@ -651,3 +652,33 @@ def test_an_arrival_longer_than_the_held_batch_ends_the_wait() -> None:
     # the decision is taken again (here its wake moves from 13U to 16U away).
     got, _changed = _redecide((E("a", deadline=NOW + 40 * U),), (E("b", length=64),), FAST, _per_length())
     assert got
+
+
+# -- top_up: rows joining a staged batch (4 rows, length 1, starting at NOW) --------------------
+
+
+@pytest.mark.parametrize(
+    "queue, cap, staged_deadline, tight, skips, joined",
+    [
+        pytest.param((E("a", 2),), 8, math.inf, math.inf, 0.0, (("a", 2),), id="room-for-all"),
+        pytest.param((E("a", 6),), 8, math.inf, math.inf, 0.0, (("a", 4),), id="the-room-left-splits-a-request"),
+        pytest.param((E("a", 1), E("b", 1)), 8, NOW + 14 * U, math.inf, 0.0, (("a", 1),),
+                     id="a-member's-deadline-stops-the-growth"),
+        pytest.param((E("a", 2, deadline=NOW + 14 * U),), 8, math.inf, math.inf, 0.0, (),
+                     id="a-joiner's-own-deadline-too"),
+        pytest.param((E("a", 2, deadline=NOW + 14 * U),), 8, math.inf, math.inf, 1 * U, (("a", 2),),
+                     id="the-skipped-hop-counts"),
+        pytest.param((E("a", 8),), 16, math.inf, 40 * U, 0.0, (), id="a-tight-arrival-after-its-start-could-not-wait"),
+        pytest.param((E("a", 7),), 16, math.inf, 40 * U, 0.0, (("a", 7),), id="within-the-tight-limit"),
+        pytest.param((E("a", 1, deadline=NOW + 5 * U),), 8, math.inf, math.inf, 0.0, (), id="expired-rows-never-join"),
+    ],
+)
+def test_rows_join_a_staged_batch_while_it_still_meets_every_deadline(queue, cap, staged_deadline, tight, skips,
+                                                                      joined) -> None:
+    """p(n) = (9 + n)·U: the staged batch alone finishes at NOW + 13U. The tight budget 40U allows
+    a run of 40U − 10U margin − 10U for a batch of one = 20U, p(11)."""
+    built = [e.build() for e in queue]
+    names = {id(b): e.name for e, b in zip(queue, built)}
+    chosen = top_up(built, replace(inputs(cap=cap), tight_budget=tight), GO, LAT(), rows=4, length=1,
+                    deadline=staged_deadline, skips=skips)
+    assert tuple((names[id(e)], n) for e, n in chosen) == joined

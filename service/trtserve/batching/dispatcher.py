@@ -5,17 +5,19 @@ a freed slot or the decision's wake time. All queue state lives on the event loo
 are no locks; the only thread crossing is the runtime's ``run`` of one batch on one slot.
 
 **Staging.** Near the end of a busy slot's batch (its last :func:`stage_ahead` seconds, as
-predicted), with no slot idle and a full batch queued, the slot's next batch is decided for the
+predicted), with no slot idle and rows queued, the slot's next batch is decided for the
 moment the running one is predicted to end (:func:`~trtserve.batching.policy.decide` at that
 time) and handed to the slot's thread at once: the thread runs it as soon as the batch before
 it returns, so the slot does not stand idle through the hops between its thread and the event
 loop (measured on 2 shared cores with an engine asleep 10.5 ms a batch: 2.8–3.3 ms idle between
-batches, 0.75 of the engine's capacity). Only a full batch is staged, one per slot: waiting
-could not make it larger. The cost is that a request arriving in those last seconds runs one
-batch later than it would have, so a batch is staged only where a request with the tight end
-of recent deadline budgets (:class:`~trtserve.batching.budgets.DeadlineBudgets`) arriving then
-still has time for a batch of one after it; admission counts the staged batch as the slot's
-work (:class:`~trtserve.batching.wait.SlotEnds`).
+batches, 0.75 of the engine's capacity). One batch per slot is staged, and it stays open: rows
+arriving before its run begins join it while it has room and every member's deadline still holds
+(:func:`~trtserve.batching.policy.top_up`, :meth:`Dispatcher._top_up`), so waiting could not
+make it larger. A full one has no room, and a request arriving then runs one batch later than it
+would have, so a full batch is staged only where a request with the tight end of recent deadline
+budgets (:class:`~trtserve.batching.budgets.DeadlineBudgets`) arriving then still has time for a
+batch of one after it; admission counts the staged batch as the slot's work
+(:class:`~trtserve.batching.wait.SlotEnds`).
 
 The latency model keeps predicting what a batch takes on an idle slot, hand-off included, the
 time every admission and wait decision is made in: a staged batch, which skips the hand-off, is
@@ -38,7 +40,8 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -46,7 +49,7 @@ from trtserve.batching.budgets import DeadlineBudgets
 from trtserve.batching.cap import BatchCap
 from trtserve.batching.host import HostMeter
 from trtserve.batching.latency import LatencyModel
-from trtserve.batching.policy import Hold, Inputs, decide, ends_hold
+from trtserve.batching.policy import Hold, Inputs, decide, ends_hold, top_up
 from trtserve.batching.queue import Piece, QueueEntry, RequestQueue
 from trtserve.batching.rate import ArrivalRate
 from trtserve.batching.snapshot import DispatchSnapshot
@@ -81,6 +84,29 @@ def stage_ahead(predicted: float) -> float:
     """How long (seconds) before the predicted end of a batch predicted to run ``predicted``
     seconds its slot's next batch may be staged (:data:`STAGE_AHEAD_S`, :data:`STAGE_AHEAD_SHARE`)."""
     return min(STAGE_AHEAD_S, STAGE_AHEAD_SHARE * predicted)
+
+@dataclass
+class Staged:
+    """A batch handed to a busy slot's thread to run when the slot's batch returns (staging).
+
+    Attributes:
+        pieces: the request pieces in it, in the batch's order (rows join and leave until its
+            run begins: :meth:`Dispatcher._top_up`, :meth:`Dispatcher._unstage`).
+        batch: what the slot's thread runs.
+        start: when it is predicted to start (the end of the slot's batch before it; monotonic s).
+        predicted: its predicted run time on an idle slot (seconds; the latency model's).
+        length: its row length (elements), padding included.
+        deadline: the earliest deadline among the requests it held (monotonic s; rows withdrawn
+            later do not move it).
+    """
+
+    pieces: list[Piece]
+    batch: Batch
+    start: float
+    predicted: float
+    length: int
+    deadline: float
+
 
 INLINE_RUN_S = 0.5e-3
 """A batch the latency model predicts to run within this many seconds runs on the event loop
@@ -146,7 +172,7 @@ class Dispatcher:
         self._idle = list(range(backend.slots))
         self._running: set[asyncio.Task[None]] = set()
         self._inflight: dict[QueueEntry, None] = {}  # entries with rows in a running (or staged) batch
-        self._staged: dict[int, tuple[list[Piece], float, Batch]] = {}  # slot -> batch behind its run, predicted s
+        self._staged: dict[int, Staged] = {}  # slot -> the batch behind its run
         self._busy_until = [-math.inf] * backend.slots  # per slot: when its work handed over ends, predicted
         self._stage_at = [math.inf] * backend.slots  # per slot: when its next batch may be staged
         self._ended = [-math.inf] * backend.slots  # per slot: when the loop saw its last batch return
@@ -252,7 +278,7 @@ class Dispatcher:
         now = self.clock.now()
         wait = self.predict_wait(math.inf, math.inf, 0)
         cap = self.cap
-        staged = [p for pieces, _, _ in list(self._staged.values()) for p in list(pieces)]
+        staged = [p for batch in list(self._staged.values()) for p in list(batch.pieces)]
         return DispatchSnapshot(
             queued_requests=len(self.queue.entries) + len({id(p.entry) for p in staged if not p.entry.rows}),
             queued_rows=self.queue.queued_rows + sum(p.rows for p in staged), slots=self.backend.slots,
@@ -375,6 +401,8 @@ class Dispatcher:
                 self._next_look = None
                 self._launch(self.queue.take(decision.batch), mark)
                 continue
+            if self._staged and self.queue.entries and self._top_up(inputs):
+                continue
             slot = self._stage_slot() if not self._idle else None
             stage_at = math.inf if slot is None else self._stage_at[slot]
             if stage_at <= now and self._stage(slot, inputs, mark):  # type: ignore[arg-type]
@@ -387,12 +415,14 @@ class Dispatcher:
                 wake = min(wake or math.inf, stage_at)
             self._next_look = wake
             self._hold, self._held_rows = decision.hold, 0
-            if decision.hold is not None and stage_at < math.inf:
-                # Before the stage point the loop wakes at it; after, the rows that fill a batch
-                # wake it, unless a full queue's batch was not staged (then only a freed slot does:
-                # a decision per arrival would cost more than the hops staging hides).
-                queued = self.queue.queued_rows
-                rows = cap - queued if stage_at <= now and queued < cap else math.inf
+            if any(not st.batch.begun and st.batch.rows < cap for st in self._staged.values()):
+                self._hold = None  # every arrival may join a staged batch
+            elif decision.hold is not None and stage_at < math.inf:
+                # Before the stage point the loop wakes at it; after, every arrival while the
+                # queue is short of a full batch (one may make a batch worth staging), but none
+                # once a full queue's batch was not staged (then only a freed slot does: a
+                # decision per arrival would cost more than the hops staging hides).
+                rows = 1 if stage_at <= now and self.queue.queued_rows < cap else math.inf
                 self._hold = replace(decision.hold, rows=min(decision.hold.rows, rows), until=wake or math.inf)
             await self._wait(wake)
 
@@ -403,23 +433,57 @@ class Dispatcher:
         return min(ready, key=self._busy_until.__getitem__, default=None)
 
     def _stage(self, slot: int, inputs: Inputs, cpu_mark: float) -> bool:
-        """Stage on ``slot`` the batch :func:`decide` takes at its predicted end, if that batch is
-        full (``inputs.cap`` rows) and leaves a tight request arriving now time for a batch of one
-        after it; returns whether it did (see the module docstring). Nothing is staged before the
-        latency model has measured a batch: the end is not known."""
-        if self.queue.queued_rows < inputs.cap or not self.latency.measured:
+        """Stage on ``slot`` the batch :func:`decide` takes at its predicted end, if it takes one
+        then and it leaves a tight request arriving now time for a batch of one after it; returns
+        whether it did (see the module docstring). Nothing is staged before the latency model has
+        measured a batch: the end is not known."""
+        if not self.queue.entries or not self.latency.measured:
             return False
         at = max(inputs.now, self._busy_until[slot])
         batch = decide(self.queue.entries, replace(inputs, now=at, free_slots=1), self.policy, self.latency).batch
-        rows = sum(n for _, n in batch)
-        if rows < inputs.cap:
+        if not batch:
             return False
+        rows = sum(n for _, n in batch)
         length = max(e.length for e, _ in batch)
         after = at - inputs.now + self.latency.predict(rows, length) + self.latency.lower_bound(1, length)
-        if after > inputs.tight_budget:
+        if rows >= inputs.cap and after > inputs.tight_budget:
             return False
         self._launch(self.queue.take(batch), cpu_mark, staged=slot)
         return True
+
+    def _top_up(self, inputs: Inputs) -> bool:
+        """Add queued rows to the staged batches whose run has not begun, as
+        :func:`~trtserve.batching.policy.top_up` selects them at each one's predicted start;
+        returns whether any joined. Their rows are taken from the queue under the batch's lock
+        (:meth:`Batch.extend <trtserve.runtimes.base.Batch.extend>`), so they run in it or stay
+        queued, never neither."""
+        grew = False
+        for slot, staged in self._staged.items():
+            if staged.batch.begun or not self.queue.entries:
+                continue
+            at = max(inputs.now, staged.start)
+            chosen = top_up(self.queue.entries, replace(inputs, now=at, free_slots=1), self.policy, self.latency,
+                            rows=staged.batch.rows, length=staged.length, deadline=staged.deadline,
+                            skips=(self._handoff or 0.0) / 2)
+            if chosen and staged.batch.extend(partial(self._join, staged, chosen)):
+                rows, low = staged.batch.rows, self.latency.lower_bound
+                staged.predicted = self.latency.predict(rows, staged.length)
+                self._busy(slot, staged.start, staged.predicted, staged=True)
+                joined = sum(n for _, n in chosen)
+                self._ends.extend(slot, low(rows, staged.length) - low(rows - joined, staged.length))
+                grew = True
+        return grew
+
+    def _join(self, staged: Staged, chosen: Sequence[tuple[QueueEntry, int]]) -> tuple[list[Tensors], int]:
+        """Take ``chosen`` from the queue into ``staged`` (under its batch's lock); returns the
+        pieces' inputs and rows for :meth:`Batch.extend <trtserve.runtimes.base.Batch.extend>`."""
+        pieces = self.queue.take(chosen)
+        for piece in pieces:
+            self._inflight[piece.entry] = None
+            staged.deadline = min(staged.deadline, piece.entry.deadline)
+            staged.length = max(staged.length, piece.entry.length)
+        staged.pieces.extend(pieces)
+        return [p.inputs() for p in pieces], sum(p.rows for p in pieces)
 
     def _watch(self, now: float) -> float | None:
         """Answer DEADLINE_EXCEEDED to callers whose deadline passed while their batch runs
@@ -488,12 +552,13 @@ class Dispatcher:
             # It skips the hand-off (see _busy): counted with it, each staged batch would push the
             # slot's end, which the next one starts from, a hand-off later than it is.
             self._ends.started(slot, now, max(low - (self._handoff or 0.0), 0.0), staged=True)
-            self._busy(slot, max(now, self._busy_until[slot]), predicted, staged=True)
+            start = max(now, self._busy_until[slot])
+            self._busy(slot, start, predicted, staged=True)
         for piece in pieces:
             self._inflight[piece.entry] = None
         batch = Batch(tuple(p.inputs() for p in pieces), rows)
         if staged is not None:
-            self._staged[slot] = (pieces, predicted, batch)
+            self._staged[slot] = Staged(pieces, batch, start, predicted, length, min(p.entry.deadline for p in pieces))
             self.stats.staged_batches += 1
         else:
             self.hangs.started(slot, now, predicted)
@@ -587,11 +652,10 @@ class Dispatcher:
         if staged is None:
             self._idle.append(slot)
         else:
-            pieces, predicted, _ = staged
             now = self.clock.now()
-            self._busy(slot, now, predicted, staged=True)
-            self.hangs.started(slot, now, predicted)
-            self.stats.record_started(_waits(pieces, now))
+            self._busy(slot, now, staged.predicted, staged=True)
+            self.hangs.started(slot, now, staged.predicted)
+            self.stats.record_started(_waits(staged.pieces, now))
         self._wake.set()
 
     def _observe_cap(self, rows: int, start: float, end: float) -> None:
@@ -639,9 +703,10 @@ class Dispatcher:
         <trtserve.runtimes.base.Batch.withdraw>`): a request cancelled or past its deadline while
         its batch waits behind another costs no engine time, and a batch left with none is
         skipped. ``entry.running`` counts only the pieces still to run after it."""
-        for pieces, _, batch in self._staged.values():
+        for staged in self._staged.values():
+            pieces = staged.pieces
             keep = [i for i, p in enumerate(pieces) if p.entry is not entry and not p.entry.done]
-            if len(keep) < len(pieces) and batch.withdraw(keep, sum(pieces[i].rows for i in keep)):
+            if len(keep) < len(pieces) and staged.batch.withdraw(keep, sum(pieces[i].rows for i in keep)):
                 kept = set(keep)
                 for piece in (p for i, p in enumerate(pieces) if i not in kept):
                     piece.entry.running -= 1

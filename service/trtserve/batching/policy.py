@@ -409,12 +409,7 @@ def _deadline_cap(
     now = inputs.now
     cap = inputs.cap
     length = max(e.length for e, _ in batch)
-    base = math.inf
-    tight = inputs.tight_budget
-    if tight < math.inf:
-        base = tight - min(DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE * tight) - latency.lower_bound(1, length)
-        if base < latency.lower_bound(1, length):
-            base = math.inf  # not even a batch of one ahead leaves it time: no cap can help it
+    base = _tight_limit(inputs.tight_budget, length, latency)
     head = batch[0][0].priority
     for _ in range(4):
         taken = {id(e): n for e, n in batch}
@@ -432,6 +427,53 @@ def _deadline_cap(
         cap = fits
         batch = _on_time(_select(live, now, cap, policy, latency), now, latency)
     return cap, batch
+
+
+def _tight_limit(tight: float, length: int, latency: LatencyModel) -> float:
+    """The longest run (seconds) a batch of rows padded to ``length`` may take ahead of a request
+    with the tight budget ``tight`` arriving as it starts: the budget less its :func:`margin` and a
+    batch of one; ``math.inf`` where that would not cover a batch of one (no cap can help it)."""
+    if tight == math.inf:
+        return math.inf
+    one = latency.lower_bound(1, length)
+    base = tight - min(DEADLINE_MARGIN_S, DEADLINE_MARGIN_SHARE * tight) - one
+    return base if base >= one else math.inf
+
+
+def top_up(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy, latency: LatencyModel, *,
+           rows: int, length: int, deadline: float, skips: float = 0.0) -> tuple[tuple[QueueEntry, int], ...]:
+    """Rows of ``entries`` to add to a staged batch (handed to a busy slot, its run not begun)
+    of ``rows`` rows padded to ``length`` whose requests' earliest deadline is ``deadline``.
+    Such a batch takes ``skips`` seconds less than the latency model predicts of a batch handed
+    to an idle slot: the hop from the event loop to the slot's thread, which it does not wait for.
+
+    ``inputs.now`` is when that batch is predicted to start, ``inputs.cap`` the most rows it may
+    hold. The rows are selected as for any batch (:func:`_select`: aging, length bucketing, the
+    large request's share, in the room the batch has left), then the longest prefix of that
+    selection is kept with which the grown batch is still predicted to finish by every
+    member's deadline (old and new) and stays within what a tight request arriving as it
+    starts can wait for (:func:`_tight_limit`, waived up to the size at which the engine keeps up
+    with the arrivals, as the deadline cap is). Nothing waits here: the batch starts when its
+    slot's batch before it returns, whatever joined; a row left out runs in a later batch.
+    """
+    room = inputs.cap - rows
+    one = _OneRow(latency)
+    live = [e for e in entries if e.deadline - one(e) >= inputs.now]
+    if room <= 0 or not live:
+        return ()
+    kept: list[tuple[QueueEntry, int]] = []
+    for e, n in _select(live, inputs.now, room, policy, latency):
+        total, padded = rows + n, max(length, e.length)
+        run = latency.predict(total, padded) - skips
+        deadline = min(deadline, e.deadline)
+        if inputs.now + run > deadline:
+            break
+        tight_limit = _tight_limit(inputs.tight_budget, padded, latency)
+        if run > tight_limit and total > _engine_rows(1, padded, inputs, latency):
+            break
+        kept.append((e, n))
+        rows, length = total, padded
+    return tuple(kept)
 
 
 def _rows_within(limit: float, length: int, latency: LatencyModel, most: int) -> int:

@@ -151,6 +151,10 @@ class SlotEnds:
         or with ``staged``, was handed to it at ``now`` to run after the slot's current work."""
         self._ends[slot] = (max(self._ends[slot], now) if staged else now) + low
 
+    def extend(self, slot: int, seconds: float) -> None:
+        """The staged batch on ``slot`` grew: its low run-time estimate is ``seconds`` longer."""
+        self._ends[slot] += seconds
+
     def free_at(self, now: float, idle: Collection[int]) -> list[float]:
         """Per slot, ascending: ``now`` if idle (or past its estimate), else its batch's earliest end."""
         return sorted(now if slot in idle else max(end, now) for slot, end in enumerate(list(self._ends)))

@@ -11,7 +11,7 @@ futures, queues or gRPC.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -33,9 +33,11 @@ class Batch:
             :func:`~trtserve.runtimes.threads.on_slot` (empty for a run not timed there): the
             dispatcher tells the engine's time from the hand-off's with it.
 
-    A batch handed to a slot that is still running another (staged) can lose pieces until its
-    run begins: the dispatcher :meth:`withdraw` s the rows of requests that were cancelled or
-    passed their deadline while it waited, and the slot's thread calls :meth:`begin` first.
+    A batch handed to a slot that is still running another (staged) can change until its run
+    begins: the dispatcher :meth:`extend` s it with rows that arrive meanwhile and
+    :meth:`withdraw` s the rows of requests that were cancelled or passed their deadline while
+    it waited; the slot's thread calls :meth:`begin` first, and a runtime reads ``parts`` and
+    ``rows`` only after it.
     """
 
     parts: tuple[Tensors, ...]
@@ -55,6 +57,23 @@ class Batch:
             if not self.parts:
                 raise BatchWithdrawn("every request of the batch was withdrawn before its run")
             self._begun = True
+
+    @property
+    def begun(self) -> bool:
+        """Whether the slot's thread has begun the run (read without the lock: a hint; an
+        :meth:`extend` or :meth:`withdraw` tells for sure)."""
+        return self._begun
+
+    def extend(self, take: Callable[[], tuple[Sequence[Tensors], int]]) -> bool:
+        """Append the pieces ``take()`` returns (with their rows in all), if the run has not
+        begun; ``take`` is called under the batch's lock, only then, so rows taken from the queue
+        always run. Returns whether the run had not begun (else ``take`` was not called)."""
+        with self._lock:
+            if self._begun:
+                return False
+            parts, rows = take()
+            self.parts, self.rows = self.parts + tuple(parts), self.rows + rows
+            return True
 
     def withdraw(self, keep: Sequence[int], rows: int) -> bool:
         """Keep only the pieces at the indices ``keep`` (``rows`` rows in all; none: the run is

@@ -9,6 +9,7 @@ which runs the real dispatcher on them.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -68,7 +69,8 @@ class FakeBackend:
     :meth:`run` (inside the dispatcher's per-batch code, where the server's CPU goes).
 
     A slot runs one batch at a time, as a real slot's thread does: a batch handed to a busy
-    slot (staged, :mod:`~trtserve.batching.dispatcher`) starts when the one before it ends.
+    slot (staged, :mod:`~trtserve.batching.dispatcher`) starts when the one before it ends, and
+    its run time is taken from its rows then (rows may join a staged batch until it begins).
     ``handoff`` (seconds) is the hop between the event loop and an idle slot's thread, each way:
     a batch handed to an idle slot starts that long after :meth:`run`, and every result reaches
     the caller that long after its run ends (a staged batch starts at once, on the thread).
@@ -88,7 +90,7 @@ class FakeBackend:
         self.host = host
         self.handoff = handoff
         self.slots = slots
-        self._free_at = [-math.inf] * slots  # per slot: when its last batch handed to it ends
+        self._tail: list[asyncio.Future[float] | None] = [None] * slots  # per slot: the end of its last batch
         self.latency = latency
         self.fail_when = fail_when
         fp32 = DATATYPES["FP32"]
@@ -109,23 +111,30 @@ class FakeBackend:
         :class:`~trtserve.errors.BackendError` where ``fail_when`` says so, or
         :class:`~trtserve.runtimes.base.BatchWithdrawn` for a batch withdrawn before its start."""
         ready = self.host.charge(self.host.cost.per_batch) if self.host else self.clock.now()
-        start = max(ready + self.handoff, self._free_at[slot])
-        end = self._free_at[slot] = start + self.latency(batch.rows)
-        self.batches.append((start, batch))
-        self.batches.sort(key=lambda b: b[0])
-        return self._run(batch, start, end)
+        before, self._tail[slot] = self._tail[slot], asyncio.get_running_loop().create_future()
+        return self._run(batch, ready + self.handoff, before, self._tail[slot])
 
-    async def _run(self, batch: Batch, start: float, end: float) -> Tensors:
-        if start > self.clock.now():
-            await self.clock.sleep_until(start)
-        batch.begin()  # a batch withdrawn while staged is skipped (its fake time stays taken)
-        batch.ran.extend((start, end))  # its run on the slot's "thread", as runtimes.threads.on_slot records it
-        self.running += 1
-        self.max_running = max(self.max_running, self.running)
+    async def _run(self, batch: Batch, ready: float, before: asyncio.Future[float] | None,
+                   free: asyncio.Future[float]) -> Tensors:
+        start = end = ready
         try:
-            await self.clock.sleep_until(end)
+            if before is not None:
+                start = end = max(ready, await asyncio.shield(before))
+            if start > self.clock.now():
+                await self.clock.sleep_until(start)
+            batch.begin()  # a batch withdrawn while staged is skipped, taking no time
+            end = start + self.latency(batch.rows)
+            batch.ran.extend((start, end))  # its run on the slot's "thread", as runtimes.threads.on_slot records it
+            self.batches.append((start, batch))
+            self.batches.sort(key=lambda b: b[0])
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+            try:
+                await self.clock.sleep_until(end)
+            finally:
+                self.running -= 1
         finally:
-            self.running -= 1
+            free.set_result(end)
         if self.handoff:
             await self.clock.sleep_until(end + self.handoff)
         if self.fail_when(batch):
