@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from trtserve.batching.dispatcher import Dispatcher, stage_ahead
-from trtserve.config import BatchingPolicy
+from trtserve.config import BatchingPolicy, QueuePolicy, TimeoutAction
 from trtserve.testing import FakeBackend, FakeClock, affine, rows, settle
 
 HANDOFF = 0.0015
@@ -225,3 +225,24 @@ async def test_a_deadline_passed_while_staged_behind_a_slow_batch_answers_not_ru
     assert all(2.0 not in ids for ids in backend.ids())  # its batch never started
     assert d.idle_slots == 1
 
+
+
+async def test_under_delay_a_deadline_passed_while_staged_still_runs_and_is_answered():
+    """TimeoutAction.DELAY answers no timeout: a request whose deadline passes while its rows wait
+    staged behind a stalled batch runs when the slot is back, as a queued one would."""
+    clock = FakeClock()
+    slow = {"on": False}
+    backend = FakeBackend(clock, latency=lambda b: 1.0 if slow["on"] else ENGINE(b), handoff=HANDOFF)
+    delay = BatchingPolicy(max_batch_size=8, default_queue=QueuePolicy(timeout_action=TimeoutAction.DELAY))
+    d = Dispatcher(backend, delay, clock=clock)
+    d.start()
+    warm = d.submit(rows(0, n=8))
+    await clock.advance(0.1)
+    assert warm.done()
+    slow["on"] = True
+    (late,) = await staged_behind_a_running_batch(d, clock, (2, 8, clock.now() + 0.05))
+    await clock.advance(0.05)
+    assert not late.done()
+    await clock.advance(2.5)
+    assert late.result()[0]["y"].ravel().tolist() == [4.0] * 8
+    assert d.stats.expired_before_run == 0 and d.stats.finished_late == 0

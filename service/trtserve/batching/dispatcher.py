@@ -488,7 +488,8 @@ class Dispatcher:
     def _watch(self, now: float) -> float | None:
         """Answer DEADLINE_EXCEEDED to callers whose deadline passed while their batch runs
         (they stop waiting for a slow or hung engine) or waits staged behind another (its rows
-        are withdrawn: see :meth:`_unstage`), and mark slots whose batch hung
+        are withdrawn: see :meth:`_unstage`), except at a priority level whose timeout action is
+        DELAY (those wait for their rows however late), and mark slots whose batch hung
         (:class:`~trtserve.batching.watchdog.HangWatch`). Returns when to look again."""
         wake = self.hangs.check(now)
         for entry in list(self._inflight):
@@ -496,6 +497,8 @@ class Dispatcher:
                 del self._inflight[entry]
             elif entry.deadline <= now:
                 del self._inflight[entry]
+                if self.policy.queue_policy(entry.level).timeout_action is TimeoutAction.DELAY:
+                    continue  # DELAY answers no timeout: its rows still run, late, and it is answered then
                 self.queue.remove(entry)
                 self._unstage(entry)
                 if entry.running:
