@@ -110,6 +110,14 @@ class BatchCap:
         self._phase = _Phase()
         self._pending = 0.0  # log rows/s of the candidate's phase awaiting its pair
         self._diffs: list[float] = []  # per pair: log(candidate rows/s) − log(cap rows/s)
+        self._phase_no = 0  # counts phases and probes: a batch decided in another one is not counted
+
+    @property
+    def phase(self) -> int:
+        """The probe phase a batch decided now is for: pass it back to :meth:`observe` with the
+        batch. A batch decided before the phase switched (one staged behind the running batch,
+        or running on another slot) ran at the other phase's size and must not count in this one."""
+        return self._phase_no
 
     def for_batch(self, queued_rows: int) -> int:
         """The cap for the next batch, with ``queued_rows`` rows waiting: the cap in force, or
@@ -124,14 +132,20 @@ class BatchCap:
                 return self.value
         return self._candidate if self._turn % 2 == 0 else self.value
 
-    def observe(self, rows: int, start: float, end: float) -> None:
+    def observe(self, rows: int, start: float, end: float, phase: int | None = None) -> None:
         """A batch of ``rows`` rows ran from ``start`` to ``end`` (monotonic seconds): part of a
-        probe's phase, or one more batch towards the next probe."""
+        probe's phase, or one more batch towards the next probe. ``phase``: :attr:`phase` when the
+        batch was decided (``None``: now). A batch decided in an earlier phase is not counted, and
+        the phase it ran into starts at its end (its time was the other size's)."""
         if not self.live:
             return
         if self._candidate is None:
             if 2 * rows >= self.value:
                 self._since += 1
+            return
+        if phase is not None and phase != self._phase_no:
+            if self._phase.rows == 0 and self._phase.first < math.inf:
+                self._phase.first = max(self._phase.first, end)
             return
         sizes = (self._candidate, self.value)
         phase = self._phase.add(rows, start, end)
@@ -142,6 +156,7 @@ class BatchCap:
             self._end_probe(None)  # the load fell: neither size limits the batches
             return
         rate = math.log(phase.rows / phase.seconds)
+        self._phase_no += 1
         if self._turn % 2 == 0:
             self._pending = rate
         else:
@@ -164,6 +179,7 @@ class BatchCap:
             return
         self._up = candidate > self.value
         self._candidate, self._turn, self._phase, self._diffs = candidate, 0, _Phase(), []
+        self._phase_no += 1
 
     def _verdict(self) -> bool | None:
         """Whether the pairs so far say to move to the candidate (True), to keep the cap (False),
@@ -191,6 +207,7 @@ class BatchCap:
 
     def _end_probe(self, move: int | None) -> None:
         self._candidate = None
+        self._phase_no += 1
         if move is None:
             self._every = min(self._every * 2, PROBE_MAX_EVERY)
             self._up = not self._up

@@ -98,6 +98,8 @@ class Staged:
         length: its row length (elements), padding included.
         deadline: the earliest deadline among the requests it held (monotonic s; rows withdrawn
             later do not move it).
+        cap: the batch cap it was decided under (a probe's phase may have moved the cap since):
+            the most rows it grows to.
     """
 
     pieces: list[Piece]
@@ -106,6 +108,7 @@ class Staged:
     predicted: float
     length: int
     deadline: float
+    cap: int
 
 
 INLINE_RUN_S = 0.5e-3
@@ -448,7 +451,7 @@ class Dispatcher:
         after = at - inputs.now + self.latency.predict(rows, length) + self.latency.lower_bound(1, length)
         if rows >= inputs.cap and after > inputs.tight_budget:
             return False
-        self._launch(self.queue.take(batch), cpu_mark, staged=slot)
+        self._launch(self.queue.take(batch), cpu_mark, staged=slot, cap=inputs.cap)
         return True
 
     def _top_up(self, inputs: Inputs) -> bool:
@@ -462,8 +465,8 @@ class Dispatcher:
             if staged.batch.begun or not self.queue.entries:
                 continue
             at = max(inputs.now, staged.start)
-            chosen = top_up(self.queue.entries, replace(inputs, now=at, free_slots=1), self.policy, self.latency,
-                            rows=staged.batch.rows, length=staged.length, deadline=staged.deadline,
+            chosen = top_up(self.queue.entries, replace(inputs, now=at, free_slots=1, cap=staged.cap), self.policy,
+                            self.latency, rows=staged.batch.rows, length=staged.length, deadline=staged.deadline,
                             skips=(self._handoff or 0.0) / 2)
             if chosen and staged.batch.extend(partial(self._join, staged, chosen)):
                 rows, low = staged.batch.rows, self.latency.lower_bound
@@ -535,10 +538,11 @@ class Dispatcher:
             f"the request's deadline ({remaining:.1f} ms away) came before a batch of its rows could finish after "
             f"{(now - entry.arrival) * 1e3:.1f} ms in the queue; it was not run"))
 
-    def _launch(self, pieces: list[Piece], cpu_mark: float, *, staged: int | None = None) -> None:
+    def _launch(self, pieces: list[Piece], cpu_mark: float, *, staged: int | None = None, cap: int = 0) -> None:
         """Start ``pieces`` as one batch on an idle slot, or with ``staged``, hand it to that busy
-        slot to run after its batch; ``cpu_mark``: the host CPU counter when the decision to run
-        it began (the decision counts as the batch's host cost). A batch predicted to run within
+        slot to run after its batch (``cap``: the batch cap it was decided under, which its top-ups
+        keep to); ``cpu_mark``: the host CPU counter when the decision to run it began (the
+        decision counts as the batch's host cost). A batch predicted to run within
         :data:`INLINE_RUN_S` on an idle slot runs here, on the event loop, where the backend can
         (:class:`~trtserve.runtimes.base.RunsInline`); any other in a task that awaits the slot's
         thread."""
@@ -561,7 +565,8 @@ class Dispatcher:
             self._inflight[piece.entry] = None
         batch = Batch(tuple(p.inputs() for p in pieces), rows)
         if staged is not None:
-            self._staged[slot] = Staged(pieces, batch, start, predicted, length, min(p.entry.deadline for p in pieces))
+            self._staged[slot] = Staged(pieces, batch, start, predicted, length,
+                                        min(p.entry.deadline for p in pieces), cap)
             self.stats.staged_batches += 1
         else:
             self.hangs.started(slot, now, predicted)
@@ -570,12 +575,12 @@ class Dispatcher:
                 self._run_inline(slot, pieces, batch, cpu_mark)
                 return
         task = asyncio.get_running_loop().create_task(
-            self._run(slot, pieces, batch, self.host.cpu() - cpu_mark, staged=staged is not None))
+            self._run(slot, pieces, batch, self.host.cpu() - cpu_mark, staged=staged is not None, phase=self.cap.phase))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
     async def _run(self, slot: int, pieces: Sequence[Piece], batch: Batch, launch_cpu: float, *,
-                   staged: bool) -> None:
+                   staged: bool, phase: int) -> None:
         # Host CPU of this batch: the decision and launch (launch_cpu), this code up to the
         # backend's first suspension, and the code after the run up to the delivery.
         mark = self.host.cpu()
@@ -586,7 +591,7 @@ class Dispatcher:
             outputs = await pending
             # A staged batch started when the one before it on the slot returned.
             start, self._ended[slot] = max(start, self._ended[slot]), self.clock.now()
-            self._ran(pieces, batch, outputs, start, host_cpu, staged=staged)
+            self._ran(pieces, batch, outputs, start, host_cpu, staged=staged, phase=phase)
         except BatchWithdrawn:
             pass  # staged, and every request of it was answered before its turn (see _unstage)
         except Exception as exc:
@@ -607,9 +612,10 @@ class Dispatcher:
             self._free(slot)
 
     def _ran(self, pieces: Sequence[Piece], batch: Batch, outputs: Tensors, start: float, host_cpu: float, *,
-             staged: bool = False) -> None:
+             staged: bool = False, phase: int | None = None) -> None:
         """Learn from a batch that ran (latency model, stats, cap) and deliver its outputs;
-        ``host_cpu``: the host CPU seconds it cost before its run; ``staged``: it was staged."""
+        ``host_cpu``: the host CPU seconds it cost before its run; ``staged``: it was staged;
+        ``phase``: the cap's probe phase when it was decided (``None``: this one)."""
         mark = self.host.cpu()
         elapsed = self.clock.now() - start
         length = max(p.entry.length for p in pieces)
@@ -618,7 +624,7 @@ class Dispatcher:
         self.stats.record_batch(batch.rows, elapsed, padded=batch.rows * length,
                                 real=sum(p.rows * p.entry.length for p in pieces),
                                 requests=len({id(p.entry) for p in pieces}))
-        self._observe_cap(batch.rows, start, start + elapsed)
+        self._observe_cap(batch.rows, start, start + elapsed, phase)
         self._deliver(pieces, batch, outputs)
         host_cpu += self.host.cpu() - mark
         self.host.observe_batch(host_cpu)
@@ -661,9 +667,9 @@ class Dispatcher:
             self.stats.record_started(_waits(staged.pieces, now))
         self._wake.set()
 
-    def _observe_cap(self, rows: int, start: float, end: float) -> None:
+    def _observe_cap(self, rows: int, start: float, end: float, phase: int | None) -> None:
         moves = self.cap.moves
-        self.cap.observe(rows, start, end)
+        self.cap.observe(rows, start, end, phase)
         if self.cap.moves != moves:
             log.info("%s: batch cap %d rows (%s)", self.name, self.cap.value, self.cap.reason)
 
