@@ -273,6 +273,33 @@ async def test_a_bug_in_the_dispatch_loop_answers_what_it_held_and_the_loop_serv
     await d.aclose()
 
 
+async def test_a_bug_while_launching_a_batch_answers_its_requests_and_keeps_the_slot(monkeypatch, caplog):
+    """A launch that raises after its rows left the queue: those requests are answered INTERNAL
+    (not left neither queued nor running), and the slot serves the next request."""
+    import trtserve.batching.dispatcher as dispatcher_module
+
+    clock, backend, d = make(BatchingPolicy(max_batch_size=8))
+    real = dispatcher_module.Batch
+    fail = [True]
+
+    def batch_once_broken(*args, **kwargs):
+        if fail[0]:
+            fail[0] = False
+            raise ZeroDivisionError("a bug")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dispatcher_module, "Batch", batch_once_broken)
+    first = d.submit(rows(1))
+    await settle()
+    with pytest.raises(BackendError, match="ZeroDivisionError: a bug"):
+        first.result()
+    assert d.stats.loop_failures == 1 and d.idle_slots == 1
+    later = d.submit(rows(2))
+    await clock.advance(0.010)
+    assert later.result()[0]["y"][0, 0] == 4.0
+    await d.aclose()
+
+
 async def test_full_queue_refuses_without_blocking():
     clock, backend, d = make(BatchingPolicy(max_batch_size=1, default_queue=QueuePolicy(max_queue_size=2)))
     d.submit(rows(0))

@@ -246,3 +246,26 @@ async def test_under_delay_a_deadline_passed_while_staged_still_runs_and_is_answ
     await clock.advance(2.5)
     assert late.result()[0]["y"].ravel().tolist() == [4.0] * 8
     assert d.stats.expired_before_run == 0 and d.stats.finished_late == 0
+
+
+async def test_rows_arriving_after_a_withdrawn_batch_was_skipped_are_not_taken_into_it():
+    """The staged batch lost every row to a cancel; the slot's thread skipped it, and the loop
+    learns so a hop later. A request arriving in that hop must wait for a batch that runs, not
+    join the skipped one (where it would never run nor be answered)."""
+    clock, backend, d = make(cap=16)
+    warm = d.submit(rows(0, n=8))
+    await clock.advance(0.1)
+    assert warm.done()
+    start = clock.now()
+    running = d.submit(rows(1, n=8))
+    await settle()
+    gone = d.submit(rows(2, n=4))
+    run = d.latency.predict(8)
+    await clock.advance(run - stage_ahead(run) + 0.0001)
+    assert d.stats.staged_batches == 1
+    gone.cancel()
+    await settle()
+    await clock.advance(start + HANDOFF + ENGINE(8) + 0.0002 - clock.now())  # skipped; the loop not told yet
+    late = d.submit(rows(3, n=2))
+    await clock.advance(0.1)
+    assert running.done() and late.result()[0]["y"].ravel().tolist() == [6.0, 6.0]

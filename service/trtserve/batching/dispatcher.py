@@ -110,6 +110,11 @@ class Staged:
     deadline: float
     cap: int
 
+    @property
+    def open(self) -> bool:
+        """Whether arriving rows may join it: room below its cap, its run not begun."""
+        return self.batch.rows < self.cap and not self.batch.begun
+
 
 INLINE_RUN_S = 0.5e-3
 """A batch the latency model predicts to run within this many seconds runs on the event loop
@@ -418,7 +423,7 @@ class Dispatcher:
                 wake = min(wake or math.inf, stage_at)
             self._next_look = wake
             self._hold, self._held_rows = decision.hold, 0
-            if any(not st.batch.begun and st.batch.rows < cap for st in self._staged.values()):
+            if any(st.open for st in self._staged.values()):
                 self._hold = None  # every arrival may join a staged batch
             elif decision.hold is not None and stage_at < math.inf:
                 # Before the stage point the loop wakes at it; after, every arrival while the
@@ -462,18 +467,17 @@ class Dispatcher:
         queued, never neither."""
         grew = False
         for slot, staged in self._staged.items():
-            if staged.batch.begun or not self.queue.entries:
+            if not staged.open or not self.queue.entries:
                 continue
             at = max(inputs.now, staged.start)
+            before = self.latency.lower_bound(staged.batch.rows, staged.length)
             chosen = top_up(self.queue.entries, replace(inputs, now=at, free_slots=1, cap=staged.cap), self.policy,
                             self.latency, rows=staged.batch.rows, length=staged.length, deadline=staged.deadline,
                             skips=(self._handoff or 0.0) / 2)
             if chosen and staged.batch.extend(partial(self._join, staged, chosen)):
-                rows, low = staged.batch.rows, self.latency.lower_bound
-                staged.predicted = self.latency.predict(rows, staged.length)
+                staged.predicted = self.latency.predict(staged.batch.rows, staged.length)
                 self._busy(slot, staged.start, staged.predicted, staged=True)
-                joined = sum(n for _, n in chosen)
-                self._ends.extend(slot, low(rows, staged.length) - low(rows - joined, staged.length))
+                self._ends.extend(slot, self.latency.lower_bound(staged.batch.rows, staged.length) - before)
                 grew = True
         return grew
 
@@ -500,8 +504,8 @@ class Dispatcher:
                 del self._inflight[entry]
             elif entry.deadline <= now:
                 del self._inflight[entry]
-                if self.policy.queue_policy(entry.level).timeout_action is TimeoutAction.DELAY:
-                    continue  # DELAY answers no timeout: its rows still run, late, and it is answered then
+                if self._delayed(entry):
+                    continue  # its staged rows run, late, as queued ones would, and it is answered then
                 self.queue.remove(entry)
                 self._unstage(entry)
                 if entry.running:
@@ -515,6 +519,15 @@ class Dispatcher:
             else:
                 wake = min(wake, entry.deadline)
         return wake if wake < math.inf else None
+
+    def _delayed(self, entry: QueueEntry) -> bool:
+        """Whether ``entry``, past its deadline, waits on: its level's timeout action is DELAY and
+        every piece of it still to run waits in a staged batch not begun (a queued request under
+        DELAY runs late; a running one is answered at its deadline as at any level)."""
+        if self.policy.queue_policy(entry.level).timeout_action is not TimeoutAction.DELAY:
+            return False
+        waiting = sum(p.entry is entry for st in self._staged.values() if not st.batch.begun for p in st.pieces)
+        return waiting == entry.running
 
     async def _wait(self, until: float | None) -> None:
         if until is None:
@@ -545,14 +558,27 @@ class Dispatcher:
         decision counts as the batch's host cost). A batch predicted to run within
         :data:`INLINE_RUN_S` on an idle slot runs here, on the event loop, where the backend can
         (:class:`~trtserve.runtimes.base.RunsInline`); any other in a task that awaits the slot's
-        thread."""
+        thread. Should this raise (a bug), the batch's requests are answered as a failed batch's
+        and the slot is given back before the error reaches the loop (:meth:`_loop`)."""
         slot = self._idle.pop() if staged is None else staged
+        try:
+            self._hand(slot, pieces, cpu_mark, staged=staged is not None, cap=cap)
+        except Exception as exc:
+            if staged is None:
+                self._idle.append(slot)
+            elif slot in self._staged and self._staged[slot].pieces is pieces:
+                del self._staged[slot]
+            self._fail_pieces(pieces, exc)
+            raise
+
+    def _hand(self, slot: int, pieces: list[Piece], cpu_mark: float, *, staged: bool, cap: int) -> None:
+        """:meth:`_launch` on ``slot``, taken from the idle ones (or busy, with ``staged``)."""
         rows = sum(p.rows for p in pieces)
         length = max(p.entry.length for p in pieces)
         predicted = self.latency.predict(rows, length)
         now = self.clock.now()
         low = self.latency.lower_bound(rows, length)
-        if staged is None:
+        if not staged:
             self._ends.started(slot, now, low)
             self._busy(slot, now, predicted)
         else:
@@ -564,7 +590,7 @@ class Dispatcher:
         for piece in pieces:
             self._inflight[piece.entry] = None
         batch = Batch(tuple(p.inputs() for p in pieces), rows)
-        if staged is not None:
+        if staged:
             self._staged[slot] = Staged(pieces, batch, start, predicted, length,
                                         min(p.entry.deadline for p in pieces), cap)
             self.stats.staged_batches += 1
@@ -575,7 +601,7 @@ class Dispatcher:
                 self._run_inline(slot, pieces, batch, cpu_mark)
                 return
         task = asyncio.get_running_loop().create_task(
-            self._run(slot, pieces, batch, self.host.cpu() - cpu_mark, staged=staged is not None, phase=self.cap.phase))
+            self._run(slot, pieces, batch, self.host.cpu() - cpu_mark, staged=staged, phase=self.cap.phase))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
@@ -720,6 +746,7 @@ class Dispatcher:
                 for piece in (p for i, p in enumerate(pieces) if i not in kept):
                     piece.entry.running -= 1
                 pieces[:] = [pieces[i] for i in keep]
+                self._wake.set()  # queued rows may fit in the room it left
 
 
 def _no_cpu() -> float:

@@ -48,15 +48,16 @@ class Batch:
 
     def begin(self) -> None:
         """Mark the run begun (on the slot's thread, before it reads ``parts``): nothing is
-        withdrawn after this.
+        withdrawn or added after this, even when it raises (the loop learns of the skipped run a
+        hop later, and rows joining it meanwhile would never run).
 
         Raises:
             BatchWithdrawn: every piece was withdrawn first; the run must be skipped.
         """
         with self._lock:
+            self._begun = True
             if not self.parts:
                 raise BatchWithdrawn("every request of the batch was withdrawn before its run")
-            self._begun = True
 
     @property
     def begun(self) -> bool:

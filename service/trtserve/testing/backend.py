@@ -18,7 +18,7 @@ import numpy as np
 
 from trtserve.datatypes import DATATYPES, Tensors
 from trtserve.errors import BackendError
-from trtserve.runtimes.base import Batch, StagingBuffers, pack
+from trtserve.runtimes.base import Batch, BatchWithdrawn, StagingBuffers, pack
 from trtserve.spec import TensorSpec
 from trtserve.testing.clock import FakeClock
 
@@ -122,7 +122,12 @@ class FakeBackend:
                 start = end = max(ready, await asyncio.shield(before))
             if start > self.clock.now():
                 await self.clock.sleep_until(start)
-            batch.begin()  # a batch withdrawn while staged is skipped, taking no time
+            try:
+                batch.begin()  # a batch withdrawn while staged is skipped, taking no time ...
+            except BatchWithdrawn:
+                if self.handoff:  # ... and the loop learns of it a hop later, as from a slot's thread
+                    await self.clock.sleep_until(start + self.handoff)
+                raise
             end = start + self.latency(batch.rows)
             batch.ran.extend((start, end))  # its run on the slot's "thread", as runtimes.threads.on_slot records it
             self.batches.append((start, batch))
