@@ -269,3 +269,30 @@ async def test_rows_arriving_after_a_withdrawn_batch_was_skipped_are_not_taken_i
     late = d.submit(rows(3, n=2))
     await clock.advance(0.1)
     assert running.done() and late.result()[0]["y"].ravel().tolist() == [6.0, 6.0]
+
+
+async def test_rows_join_a_staged_batch_as_they_arrive_without_a_decision_of_the_loop(monkeypatch):
+    """Joining costs the arrival a top-up, not a wake-up and decision of the loop: on a
+    CPU-bound server a decision per arrival cost the 1-row closed loop a fifth of its rows/s."""
+    import trtserve.batching.dispatcher as dispatcher_module
+
+    clock, backend, d = make(cap=64)
+    warm = d.submit(rows(0, n=8))
+    await clock.advance(0.1)
+    assert warm.done()
+    d.submit(rows(1, n=8))
+    await settle()
+    d.submit(rows(2, n=1))
+    run = d.latency.predict(8)
+    await clock.advance(run - stage_ahead(run) + 0.0001)
+    assert d.stats.staged_batches == 1
+    decisions = []
+    real = dispatcher_module.decide
+    monkeypatch.setattr(dispatcher_module, "decide", lambda *a, **k: decisions.append(1) or real(*a, **k))
+    for i in range(3, 13):
+        d.submit(rows(i, n=1))
+        await settle()
+    assert not d.queue.entries and d.snapshot().queued_rows == 11  # all joined
+    assert decisions == []
+    await clock.advance(0.1)
+    assert backend.ids()[2] == [float(i) for i in range(2, 13)]

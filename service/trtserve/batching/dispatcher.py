@@ -12,8 +12,8 @@ it returns, so the slot does not stand idle through the hops between its thread 
 loop (measured on 2 shared cores with an engine asleep 10.5 ms a batch: 2.8–3.3 ms idle between
 batches, 0.75 of the engine's capacity). One batch per slot is staged, and it stays open: rows
 arriving before its run begins join it while it has room and every member's deadline still holds
-(:func:`~trtserve.batching.policy.top_up`, :meth:`Dispatcher._top_up`), so waiting could not
-make it larger. A full one has no room, and a request arriving then runs one batch later than it
+(:func:`~trtserve.batching.policy.top_up`, :meth:`Dispatcher._top_up`, called as each request is
+queued: no decision of the loop per arrival), so waiting could not make it larger. A full one has no room, and a request arriving then runs one batch later than it
 would have, so a full batch is staged only where a request with the tight end of recent deadline
 budgets (:class:`~trtserve.batching.budgets.DeadlineBudgets`) arriving then still has time for a
 batch of one after it; admission counts the staged batch as the slot's work
@@ -196,6 +196,7 @@ class Dispatcher:
         self._hold: Hold | None = None  # which arrivals wake the waiting loop (None: every one)
         self._held_rows = 0  # rows arrived since the loop began its wait
         self._last_length = 1  # the row length of the last batch that ran (the cap's curve reads it)
+        self._inputs: Inputs | None = None  # what the last decision knew (read by arrivals joining a staged batch)
 
     # -- public API ---------------------------------------------------------------------
 
@@ -251,6 +252,15 @@ class Dispatcher:
         self.arrivals.observe(now, entry.rows)
         self.budgets.observe(deadline - now)
         future.add_done_callback(lambda _f: self._on_done(entry))
+        if self._staged and self._inputs is not None:
+            # Join a staged batch that has room here, without a decision of the loop, which
+            # need only hear of a deadline it would not look before (the hang and expiry watch).
+            self._top_up(replace(self._inputs, now=now, tight_budget=self.budgets.tight))
+            if not entry.rows:
+                if deadline < math.inf and (self._next_look is None or deadline < self._next_look):
+                    self._next_look = None
+                    self._wake.set()
+                return future
         if self._hold is not None:
             # An arrival that cannot change the loop's wait costs no decision.
             self._held_rows += entry.rows
@@ -413,7 +423,8 @@ class Dispatcher:
                 continue
             slot = self._stage_slot() if not self._idle else None
             stage_at = math.inf if slot is None else self._stage_at[slot]
-            if stage_at <= now and self._stage(slot, inputs, mark):  # type: ignore[arg-type]
+            staging = self._stage(slot, inputs, mark) if slot is not None and stage_at <= now else _NO_ARRIVAL
+            if staging is True:
                 continue
             if self._closing and not self.queue.entries and len(self._idle) == self.backend.slots:
                 return
@@ -422,16 +433,16 @@ class Dispatcher:
             if now < stage_at < math.inf:
                 wake = min(wake or math.inf, stage_at)
             self._next_look = wake
+            self._inputs = inputs
             self._hold, self._held_rows = decision.hold, 0
-            if any(st.open for st in self._staged.values()):
-                self._hold = None  # every arrival may join a staged batch
+            if decision.hold is not None and stage_at <= now:
+                # Past the stage point with nothing staged, the arrivals that could change the
+                # decision at the slot's end wake the loop (a decision per arrival would cost
+                # more than the hops staging hides); rows that may join a staged batch join it
+                # in submit(), without the loop.
+                self._hold = None if staging is None else replace(staging, until=wake or math.inf)
             elif decision.hold is not None and stage_at < math.inf:
-                # Before the stage point the loop wakes at it; after, every arrival while the
-                # queue is short of a full batch (one may make a batch worth staging), but none
-                # once a full queue's batch was not staged (then only a freed slot does: a
-                # decision per arrival would cost more than the hops staging hides).
-                rows = 1 if stage_at <= now and self.queue.queued_rows < cap else math.inf
-                self._hold = replace(decision.hold, rows=min(decision.hold.rows, rows), until=wake or math.inf)
+                self._hold = replace(decision.hold, until=wake or math.inf)  # it wakes at the stage point
             await self._wait(wake)
 
     def _stage_slot(self) -> int | None:
@@ -440,23 +451,32 @@ class Dispatcher:
                  if s not in self._staged and s not in self._idle and s not in self.hangs.unhealthy]
         return min(ready, key=self._busy_until.__getitem__, default=None)
 
-    def _stage(self, slot: int, inputs: Inputs, cpu_mark: float) -> bool:
+    def _stage(self, slot: int, inputs: Inputs, cpu_mark: float) -> Hold | None | bool:
         """Stage on ``slot`` the batch :func:`decide` takes at its predicted end, if it takes one
-        then and it leaves a tight request arriving now time for a batch of one after it; returns
-        whether it did (see the module docstring). Nothing is staged before the latency model has
-        measured a batch: the end is not known."""
-        if not self.queue.entries or not self.latency.measured:
-            return False
+        then and it leaves a tight request arriving now time for a batch of one after it (see the
+        module docstring). Nothing is staged before the latency model has measured a batch: the
+        end is not known.
+
+        Returns:
+            True if it staged one; else which arrivals could change that (the loop's
+            :class:`~trtserve.batching.policy.Hold`): ``None`` (any: the queue is empty), the
+            wait of the decision at the slot's end, or none (a full batch kept back for a tight
+            request: only a freed slot changes it).
+        """
+        if not self.queue.entries:
+            return None
+        if not self.latency.measured:
+            return _NO_ARRIVAL
         at = max(inputs.now, self._busy_until[slot])
-        batch = decide(self.queue.entries, replace(inputs, now=at, free_slots=1), self.policy, self.latency).batch
-        if not batch:
-            return False
-        rows = sum(n for _, n in batch)
-        length = max(e.length for e, _ in batch)
+        decision = decide(self.queue.entries, replace(inputs, now=at, free_slots=1), self.policy, self.latency)
+        if not decision.batch:
+            return decision.hold or _NO_ARRIVAL
+        rows = sum(n for _, n in decision.batch)
+        length = max(e.length for e, _ in decision.batch)
         after = at - inputs.now + self.latency.predict(rows, length) + self.latency.lower_bound(1, length)
         if rows >= inputs.cap and after > inputs.tight_budget:
-            return False
-        self._launch(self.queue.take(batch), cpu_mark, staged=slot, cap=inputs.cap)
+            return _NO_ARRIVAL
+        self._launch(self.queue.take(decision.batch), cpu_mark, staged=slot, cap=inputs.cap)
         return True
 
     def _top_up(self, inputs: Inputs) -> bool:
@@ -747,6 +767,10 @@ class Dispatcher:
                     piece.entry.running -= 1
                 pieces[:] = [pieces[i] for i in keep]
                 self._wake.set()  # queued rows may fit in the room it left
+
+
+_NO_ARRIVAL = Hold(math.inf, math.inf, None, math.inf)
+"""A :class:`~trtserve.batching.policy.Hold` no arrival ends (a freed slot or the wake time does)."""
 
 
 def _no_cpu() -> float:
