@@ -13,10 +13,11 @@ loop (measured on 2 shared cores with an engine asleep 10.5 ms a batch: 2.8–3.
 batches, 0.75 of the engine's capacity). One batch per slot is staged, and it stays open: rows
 arriving before its run begins join it while it has room and every member's deadline still holds
 (:func:`~trtserve.batching.policy.top_up`, :meth:`Dispatcher._top_up`, called as each request is
-queued: no decision of the loop per arrival), so waiting could not make it larger. A full one has no room, and a request arriving then runs one batch later than it
-would have, so a full batch is staged only where a request with the tight end of recent deadline
-budgets (:class:`~trtserve.batching.budgets.DeadlineBudgets`) arriving then still has time for a
-batch of one after it; admission counts the staged batch as the slot's work
+queued: no decision of the loop per arrival), so waiting could not make it larger. A full one
+has no room, and a request arriving then runs one batch later than it would have, so a full
+batch is staged only where a request with the tight end of recent deadline budgets
+(:class:`~trtserve.batching.budgets.DeadlineBudgets`) arriving then still has time for a batch
+of one after it; admission counts the staged batch as the slot's work
 (:class:`~trtserve.batching.wait.SlotEnds`).
 
 The latency model keeps predicting what a batch takes on an idle slot, hand-off included, the
