@@ -239,27 +239,32 @@ async def test_engine_failure_fails_only_that_batch_and_the_slot_keeps_serving()
     assert good.result()[0]["y"][0, 0] == 4.0
 
 
+def break_once(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Make the dispatcher module's ``name`` raise ZeroDivisionError("a bug") on its next call
+    (a bug in trtserve's own code), then work again."""
+    import trtserve.batching.dispatcher as dispatcher_module
+
+    real = getattr(dispatcher_module, name)
+    calls = iter([True])
+
+    def broken_once(*args, **kwargs):
+        if next(calls, False):
+            raise ZeroDivisionError("a bug")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dispatcher_module, name, broken_once)
+
+
 async def test_a_bug_in_the_dispatch_loop_answers_what_it_held_and_the_loop_serves_on(monkeypatch, caplog):
     """A loop that raises must not leave its callers waiting forever: the queued requests are
     answered INTERNAL naming the error, the running batch still delivers, the failure is logged
     and counted, and the next request is served."""
-    import trtserve.batching.dispatcher as dispatcher_module
-
     clock, backend, d = make(BatchingPolicy(max_batch_size=1))
     running = d.submit(rows(1))
     await settle()
     queued = [d.submit(rows(i)) for i in (2, 3)]
     await settle()
-    real = dispatcher_module.decide
-    fail = [True]
-
-    def decide_once_broken(*args, **kwargs):
-        if fail[0]:
-            fail[0] = False
-            raise ZeroDivisionError("a bug")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(dispatcher_module, "decide", decide_once_broken)
+    break_once(monkeypatch, "decide")
     await clock.advance(0.010)  # the running batch returns: the loop's next decision raises
     assert running.result()[0]["y"][0, 0] == 2.0
     for fut in queued:
@@ -276,19 +281,8 @@ async def test_a_bug_in_the_dispatch_loop_answers_what_it_held_and_the_loop_serv
 async def test_a_bug_while_launching_a_batch_answers_its_requests_and_keeps_the_slot(monkeypatch, caplog):
     """A launch that raises after its rows left the queue: those requests are answered INTERNAL
     (not left neither queued nor running), and the slot serves the next request."""
-    import trtserve.batching.dispatcher as dispatcher_module
-
     clock, backend, d = make(BatchingPolicy(max_batch_size=8))
-    real = dispatcher_module.Batch
-    fail = [True]
-
-    def batch_once_broken(*args, **kwargs):
-        if fail[0]:
-            fail[0] = False
-            raise ZeroDivisionError("a bug")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(dispatcher_module, "Batch", batch_once_broken)
+    break_once(monkeypatch, "Batch")
     first = d.submit(rows(1))
     await settle()
     with pytest.raises(BackendError, match="ZeroDivisionError: a bug"):

@@ -68,12 +68,7 @@ async def test_a_staged_batch_short_of_the_cap_takes_the_rows_that_arrive_until_
     rows arriving before the slot's thread begins it join it; rows arriving after wait for the
     next batch."""
     clock, backend, d = make(cap=16)
-    first = d.submit(rows(0, n=8))
-    await clock.advance(0.1)  # the latency model has measured a batch
-    assert first.done()
-    start = clock.now()
-    d.submit(rows(1, n=8))
-    await settle()
+    start, _ = await busy_with_a_full_batch(d, clock)
     d.submit(rows(2, n=4))  # a quarter of a batch while the slot is busy
     run = d.latency.predict(8)  # the loop's view: the engine's 4.8 ms and both hops
     await clock.advance(run - stage_ahead(run) + 0.0001)  # past the stage point
@@ -96,11 +91,7 @@ async def test_a_request_arriving_before_the_stage_point_joins_the_staged_batch(
     backend = FakeBackend(clock, latency=ENGINE, handoff=HANDOFF)
     d = Dispatcher(backend, BatchingPolicy(max_batch_size=8, priority_levels=2, default_priority=2), clock=clock)
     d.start()
-    warm = d.submit(rows(0, n=8))
-    await clock.advance(0.1)
-    assert warm.done()
-    d.submit(rows(1, n=8))
-    await settle()
+    await busy_with_a_full_batch(d, clock)
     queued = [d.submit(rows(2, n=8)) for _ in range(2)]  # two full batches wait
     run = d.latency.predict(8)  # as the loop sees a batch: with the hops
     await clock.advance(run - stage_ahead(run) - 0.0001)  # just before the stage point
@@ -115,11 +106,7 @@ async def test_a_request_arriving_before_the_stage_point_joins_the_staged_batch(
 
 async def test_admission_counts_a_staged_batch_as_the_slots_work():
     clock, backend, d = make(cap=8)
-    warm = d.submit(rows(0, n=8))
-    await clock.advance(0.1)
-    assert warm.done()
-    d.submit(rows(1, n=8))
-    await settle()
+    await busy_with_a_full_batch(d, clock)
     staged = d.submit(rows(2, n=8))
     run = d.latency.predict(8)
     await clock.advance(run - stage_ahead(run) + 0.0001)
@@ -158,16 +145,30 @@ async def test_admission_stays_a_lower_bound_through_a_backlog_of_staged_batches
     assert wait.finish <= clock.now() <= now + 0.060
 
 
+async def warmed(d: Dispatcher, clock: FakeClock) -> None:
+    """Run one batch of 8 rows (id 0), so the latency model has measured a batch (nothing is
+    staged before)."""
+    warm = d.submit(rows(0, n=8))
+    await clock.advance(0.1)
+    assert warm.done()
+
+
+async def busy_with_a_full_batch(d: Dispatcher, clock: FakeClock):
+    """:func:`warmed` (unless the model has measured a batch), then a batch of 8 rows (id 1) on
+    the idle slot. Returns when it was handed over and its future."""
+    if not d.latency.measured:
+        await warmed(d, clock)
+    start = clock.now()
+    running = d.submit(rows(1, n=8))
+    await settle()
+    return start, running
+
+
 async def staged_behind_a_running_batch(d: Dispatcher, clock: FakeClock, *requests):
     """Warm the latency model (unless it is), start one full batch, then queue ``requests``
     (``(id, rows, deadline)``) and advance past the stage point: they wait staged. Returns
     their futures."""
-    if not d.latency.measured:
-        warm = d.submit(rows(0, n=8))
-        await clock.advance(0.1)
-        assert warm.done()
-    d.submit(rows(1, n=8))
-    await settle()
+    await busy_with_a_full_batch(d, clock)
     futures = [d.submit(rows(i, n=n), deadline=deadline) for i, n, deadline in requests]
     run = d.latency.predict(8)
     await clock.advance(run - stage_ahead(run) + 0.0001)
@@ -202,20 +203,26 @@ async def test_a_staged_batch_whose_callers_all_left_is_skipped_and_frees_its_sl
     assert after.done() and backend.ids()[-1] == [4.0]
 
 
+async def staged_behind_a_stall(policy: BatchingPolicy):
+    """After a warm-up, the running batch stalls for a second (the engine takes 1 s) with a
+    request of 8 rows and a deadline 50 ms away staged behind it. Returns (clock, backend,
+    dispatcher, that request's future)."""
+    clock = FakeClock()
+    slow = {"on": False}
+    backend = FakeBackend(clock, latency=lambda b: 1.0 if slow["on"] else ENGINE(b), handoff=HANDOFF)
+    d = Dispatcher(backend, policy, clock=clock)
+    d.start()
+    await warmed(d, clock)
+    slow["on"] = True
+    (late,) = await staged_behind_a_running_batch(d, clock, (2, 8, clock.now() + 0.05))
+    return clock, backend, d, late
+
+
 async def test_a_deadline_passed_while_staged_behind_a_slow_batch_answers_not_run():
     """The running batch takes a second (a stalled engine); the staged request's deadline, 50 ms
     away, passes while it waits: DEADLINE_EXCEEDED saying it was not run, counted as expired
     before its run, and the batch of it is skipped when the slot is back."""
-    clock = FakeClock()
-    slow = {"on": False}
-    backend = FakeBackend(clock, latency=lambda b: 1.0 if slow["on"] else ENGINE(b), handoff=HANDOFF)
-    d = Dispatcher(backend, BatchingPolicy(max_batch_size=8), clock=clock)
-    d.start()
-    warm = d.submit(rows(0, n=8))
-    await clock.advance(0.1)
-    assert warm.done()
-    slow["on"] = True
-    (late,) = await staged_behind_a_running_batch(d, clock, (2, 8, clock.now() + 0.05))
+    clock, backend, d, late = await staged_behind_a_stall(BatchingPolicy(max_batch_size=8))
     await clock.advance(0.05)
     assert late.done()
     with pytest.raises(Exception, match="it was not run"):
@@ -226,21 +233,11 @@ async def test_a_deadline_passed_while_staged_behind_a_slow_batch_answers_not_ru
     assert d.idle_slots == 1
 
 
-
 async def test_under_delay_a_deadline_passed_while_staged_still_runs_and_is_answered():
     """TimeoutAction.DELAY answers no timeout: a request whose deadline passes while its rows wait
     staged behind a stalled batch runs when the slot is back, as a queued one would."""
-    clock = FakeClock()
-    slow = {"on": False}
-    backend = FakeBackend(clock, latency=lambda b: 1.0 if slow["on"] else ENGINE(b), handoff=HANDOFF)
     delay = BatchingPolicy(max_batch_size=8, default_queue=QueuePolicy(timeout_action=TimeoutAction.DELAY))
-    d = Dispatcher(backend, delay, clock=clock)
-    d.start()
-    warm = d.submit(rows(0, n=8))
-    await clock.advance(0.1)
-    assert warm.done()
-    slow["on"] = True
-    (late,) = await staged_behind_a_running_batch(d, clock, (2, 8, clock.now() + 0.05))
+    clock, backend, d, late = await staged_behind_a_stall(delay)
     await clock.advance(0.05)
     assert not late.done()
     await clock.advance(2.5)
@@ -253,12 +250,7 @@ async def test_rows_arriving_after_a_withdrawn_batch_was_skipped_are_not_taken_i
     learns so a hop later. A request arriving in that hop must wait for a batch that runs, not
     join the skipped one (where it would never run nor be answered)."""
     clock, backend, d = make(cap=16)
-    warm = d.submit(rows(0, n=8))
-    await clock.advance(0.1)
-    assert warm.done()
-    start = clock.now()
-    running = d.submit(rows(1, n=8))
-    await settle()
+    start, running = await busy_with_a_full_batch(d, clock)
     gone = d.submit(rows(2, n=4))
     run = d.latency.predict(8)
     await clock.advance(run - stage_ahead(run) + 0.0001)
@@ -277,11 +269,7 @@ async def test_rows_join_a_staged_batch_as_they_arrive_without_a_decision_of_the
     import trtserve.batching.dispatcher as dispatcher_module
 
     clock, backend, d = make(cap=64)
-    warm = d.submit(rows(0, n=8))
-    await clock.advance(0.1)
-    assert warm.done()
-    d.submit(rows(1, n=8))
-    await settle()
+    await busy_with_a_full_batch(d, clock)
     d.submit(rows(2, n=1))
     run = d.latency.predict(8)
     await clock.advance(run - stage_ahead(run) + 0.0001)
