@@ -144,13 +144,22 @@ def test_a_front_end_refuses_before_crossing_from_the_queue_hint(make_server, tm
     assert sample(m, "trtserve_rejected_total", model="slow", reason="queue_wait") == 1
 
 
+def running_then_queued(c, pool: ThreadPoolExecutor, dispatcher, n: int) -> list:
+    """Send ``n`` calls of rows 1.0, 2.0, …: the first alone until its batch runs, then the rest,
+    which queue behind it (sent at once, all of them could reach a busy engine core's queue before
+    its loop takes the first, and overflow a queue sized for the others)."""
+    held = [pool.submit(c.infer, "slow", row(1.0), timeout=60)]
+    assert wait_for(lambda: dispatcher.idle_slots == 0 and not len(dispatcher.queue), 30)
+    return held + [pool.submit(c.infer, "slow", row(1.0 + i), timeout=60) for i in range(1, n)]
+
+
 def test_a_full_queue_is_refused_before_crossing(make_server, tmp_path):
     # 1.5 s a batch: the queue stays full far longer than the two calls below take.
     write_probe(tmp_path, "slow", max_batch_size=1, batch_ms=1500, dynamic="default_queue_policy { max_queue_size: 2 }")
     srv = make_server(tmp_path, frontends=1, metrics_port=0)
     dispatcher = srv.registry.get("slow").dispatcher
     with srv.client() as c, ThreadPoolExecutor(3) as pool:
-        held = [pool.submit(c.infer, "slow", row(1.0 + i), timeout=60) for i in range(3)]
+        held = running_then_queued(c, pool, dispatcher, 3)
         assert wait_for(lambda: dispatcher.idle_slots == 0 and len(dispatcher.queue) == 2, 10)
         # The engine core refuses the first one over and says, with the refusal, that the
         # queue stays full at least until the running batch ends; the front end refuses the next.
@@ -213,7 +222,7 @@ def test_the_automatic_inflight_bound_of_bounded_queues_refuses_the_rest(make_se
     srv = make_server(tmp_path, frontends=1, max_inflight_rpcs="auto")
     assert wait_for(lambda: srv.service.inflight.limit == 3, 10)
     with srv.client() as c, ThreadPoolExecutor(3) as pool:
-        held = [pool.submit(c.infer, "slow", row(1.0 + i), timeout=60) for i in range(3)]
+        held = running_then_queued(c, pool, srv.registry.get("slow").dispatcher, 3)
         assert wait_for(lambda: srv.admitted == 3, 50)  # a batch takes 3 s: all three stay admitted
         code, details = details_of(c.stub.ModelInfer, build_request("slow", row(9.0)), timeout=60)
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-inflight-rpcs auto: 3" in details, details
