@@ -256,7 +256,7 @@ class Dispatcher:
         if self._staged and self._inputs is not None:
             # Join a staged batch that has room here, without a decision of the loop, which
             # need only hear of a deadline it would not look before (the hang and expiry watch).
-            self._top_up(replace(self._inputs, now=now, tight_budget=self.budgets.tight))
+            self._top_up(self._inputs, now)
             if not entry.rows:
                 if deadline < math.inf and (self._next_look is None or deadline < self._next_look):
                     self._next_look = None
@@ -420,7 +420,7 @@ class Dispatcher:
                 self._next_look = None
                 self._launch(self.queue.take(decision.batch), mark)
                 continue
-            if self._staged and self.queue.entries and self._top_up(inputs):
+            if self._staged and self.queue.entries and self._top_up(inputs, now):
                 continue
             slot = self._stage_slot() if not self._idle else None
             stage_at = math.inf if slot is None else self._stage_at[slot]
@@ -480,21 +480,22 @@ class Dispatcher:
         self._launch(self.queue.take(decision.batch), cpu_mark, staged=slot, cap=inputs.cap)
         return True
 
-    def _top_up(self, inputs: Inputs) -> bool:
+    def _top_up(self, inputs: Inputs, now: float) -> bool:
         """Add queued rows to the staged batches whose run has not begun, as
-        :func:`~trtserve.batching.policy.top_up` selects them at each one's predicted start;
-        returns whether any joined. Their rows are taken from the queue under the batch's lock
-        (:meth:`Batch.extend <trtserve.runtimes.base.Batch.extend>`), so they run in it or stay
-        queued, never neither."""
+        :func:`~trtserve.batching.policy.top_up` selects them at each one's predicted start
+        (``inputs``: the loop's last, read at ``now`` with the tight budget of now; an Inputs is
+        made only for a batch with room); returns whether any joined. Their rows are taken from the
+        queue under the batch's lock (:meth:`Batch.extend <trtserve.runtimes.base.Batch.extend>`),
+        so they run in it or stay queued, never neither."""
         grew = False
         for slot, staged in self._staged.items():
             if not staged.open or not self.queue.entries:
                 continue
-            at = max(inputs.now, staged.start)
             before = self.latency.lower_bound(staged.batch.rows, staged.length)
-            chosen = top_up(self.queue.entries, replace(inputs, now=at, free_slots=1, cap=staged.cap), self.policy,
-                            self.latency, rows=staged.batch.rows, length=staged.length, deadline=staged.deadline,
-                            skips=(self._handoff or 0.0) / 2)
+            at = replace(inputs, now=max(now, staged.start), free_slots=1, cap=staged.cap,
+                         tight_budget=self.budgets.tight)
+            chosen = top_up(self.queue.entries, at, self.policy, self.latency, rows=staged.batch.rows,
+                            length=staged.length, deadline=staged.deadline, skips=(self._handoff or 0.0) / 2)
             if chosen and staged.batch.extend(partial(self._join, staged, chosen)):
                 staged.predicted = self.latency.predict(staged.batch.rows, staged.length)
                 self._busy(slot, staged.start, staged.predicted, staged=True)
