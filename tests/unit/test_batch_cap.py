@@ -106,6 +106,24 @@ def test_the_engines_curve_lets_every_move_a_backlog_calls_for():
     assert (low.value, high.value) == (16, 16)
 
 
+def test_each_probe_says_how_it_ended():
+    """The last probe's sentence (the dispatcher logs it at DEBUG): a move with its evidence, and a
+    probe the engine's curve vetoed with both figures, so a cap that stays low can be read."""
+    climbing = BatchCap(1024, 4, live=True, reason="chosen at load")
+    serve(climbing, 60)
+    assert climbing.probes == 1 and climbing.last_probe.startswith("moved: 8 rows against 4: +")
+    flat = BatchCap(1024, 4, live=True, reason="chosen at load", engine=lambda rows: 100.0)  # a stale, flat curve
+    said, elapsed = set(), 0.0
+    for _ in range(200):
+        rows = flat.for_batch(10_000)
+        flat.observe(rows, elapsed, elapsed + knee16(rows))
+        elapsed += knee16(rows)
+        said.add(flat.last_probe)
+    assert flat.value == 4 and flat.moves == 0
+    assert any(line.startswith("kept: 8 rows against 4: +") and line.endswith(
+        "but the engine's curve gives +0% rows per engine-second") for line in said), said
+
+
 def test_probes_thin_out_at_the_knee():
     """On a quiet machine at the knee every probe keeps the cap: after the first few, one probe in
     PROBE_MAX_EVERY full batches, so nearly every batch runs at the cap."""

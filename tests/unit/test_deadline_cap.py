@@ -16,11 +16,10 @@ LATENCY = affine(0.002, 0.002)  # p(1) = 4 ms, p(4) = 10 ms, p(16) = 34 ms
 TIGHT, LOOSE = 0.020, 1.0
 
 
-async def tight_request_during_a_loose_batch(history: list[float]):
-    """Replay ``history`` (budgets, one request each, alone), then queue 16 loose rows behind a
-    busy slot and send a tight request 1 ms after the slot frees. Returns (the tight
-    request's future, failed with the refusal if admission refused it; the batch sizes run
-    after the history)."""
+async def after(history: list[float]) -> tuple[FakeClock, FakeBackend, Dispatcher]:
+    """A dispatcher (max batch 16, curve measured) that has served ``history`` (budgets, one
+    request each, alone, every 5 ms: 200 rows/s, so a tight request is expected within any
+    20 ms)."""
     clock = FakeClock()
     backend = FakeBackend(clock, latency=LATENCY)
     d = Dispatcher(backend, BatchingPolicy(max_batch_size=16), clock=clock)
@@ -29,8 +28,17 @@ async def tight_request_during_a_loose_batch(history: list[float]):
     d.start()
     for i, budget in enumerate(history):
         d.submit(rows(i), deadline=clock.now() + budget)
-        await clock.advance(0.050)
-    before = len(backend.batches)
+        await clock.advance(0.005)
+    backend.batches.clear()
+    return clock, backend, d
+
+
+async def tight_request_during_a_loose_batch(history: list[float]):
+    """After ``history`` (:func:`after`), queue 16 loose rows behind a busy slot and send a
+    tight request 1 ms after the slot frees. Returns (the tight request's future, failed with
+    the refusal if admission refused it; the request ids of each batch run after the history:
+    100 the first loose request, 200-215 the 16 queued behind it, 300 the tight one)."""
+    clock, backend, d = await after(history)
     d.submit(rows(100), deadline=clock.now() + LOOSE)  # occupies the slot for 4 ms
     await settle()
     loose = [d.submit(rows(200 + i), deadline=clock.now() + LOOSE) for i in range(16)]
@@ -42,22 +50,39 @@ async def tight_request_during_a_loose_batch(history: list[float]):
         tight.set_exception(refused)
     await clock.advance(0.200)
     assert all(f.done() and f.exception() is None for f in loose)  # loose rows wait, never lost
-    return tight, backend.sizes()[before:]
+    return tight, backend.ids()
 
 
 async def test_a_tight_request_arriving_during_a_batch_of_loose_rows_is_answered_in_time():
     # Half the recent traffic had a 20 ms budget: batches leave room for one (p(n) <= 20 - 5 - 4 ms).
-    tight, sizes = await tight_request_during_a_loose_batch([TIGHT, LOOSE] * 20)
+    tight, batches = await tight_request_during_a_loose_batch([TIGHT, LOOSE] * 20)
     assert tight.exception() is None
     np.testing.assert_array_equal(tight.result()[0]["y"], [[600.0]])
-    assert sizes[0] == 1 and max(sizes[1:]) <= 4  # the loose rows ran in batches that fit
+    sizes = [len(batch) for batch in batches]
+    through = next(i for i, batch in enumerate(batches) if 300 in batch)
+    assert sizes[0] == 1 and max(sizes[1:through]) <= 4  # the loose rows ran in batches that fit
 
 
 async def test_without_tight_traffic_the_loose_rows_run_in_one_full_batch():
     # Only loose budgets seen: one 16-row batch (34 ms) runs, and a tight request arriving
     # during it cannot be answered in time: admission refuses it at once, the predicted wait
     # being the batch's. (The cap is what protects it, not EDF order.)
-    tight, sizes = await tight_request_during_a_loose_batch([LOOSE] * 40)
+    tight, batches = await tight_request_during_a_loose_batch([LOOSE] * 40)
     assert isinstance(tight.exception(), Overloaded)
     assert "predicted queue wait" in str(tight.exception())
-    assert sizes[:2] == [1, 16]
+    assert [len(batch) for batch in batches[:2]] == [1, 16]
+
+
+async def test_once_arrivals_stop_a_backlog_drains_in_full_batches():
+    # The same tight traffic, then 32 loose rows queued behind a busy slot and nothing more. The
+    # first batches keep room for a tight arrival; once under one row is expected within a tight
+    # budget at the measured rate, the rest run in full batches, not 4 at a time for a request
+    # nobody sends.
+    clock, backend, d = await after([TIGHT, LOOSE] * 20)
+    d.submit(rows(100), deadline=clock.now() + LOOSE)  # occupies the slot for 4 ms
+    await settle()
+    loose = [d.submit(rows(200 + i), deadline=clock.now() + LOOSE) for i in range(32)]
+    await clock.advance(0.5)
+    assert all(f.done() and f.exception() is None for f in loose)
+    sizes = backend.sizes()
+    assert max(sizes[1:3]) <= 4 and 16 in sizes[3:], sizes  # before: 8 batches of 4 after the first

@@ -90,6 +90,8 @@ class BatchCap:
             for some batches: :meth:`for_batch`).
         reason: one sentence: how the cap in force was set.
         moves: how many times the cap moved since the start.
+        probes: how many probes ended (a move, a kept cap, or a fall in load).
+        last_probe: one sentence on how the last probe ended (for a DEBUG log), or ``""``.
     """
 
     def __init__(self, limit: int, start: int, *, live: bool, reason: str,
@@ -100,6 +102,8 @@ class BatchCap:
         self.live = live
         self.reason = reason
         self.moves = 0
+        self.probes = 0
+        self.last_probe = ""
         self._fits = fits
         self._engine = engine
         self._every = PROBE_EVERY
@@ -153,7 +157,7 @@ class BatchCap:
             return
         self._phase = _Phase(since=end)  # phases tile the time: the idle between them counts too
         if 2 * phase.largest < min(sizes) or phase.seconds <= 0:
-            self._end_probe(None)  # the load fell: neither size limits the batches
+            self._end_probe(None, "the load fell: neither size limits the batches")
             return
         rate = math.log(phase.rows / phase.seconds)
         self._phase_no += 1
@@ -165,7 +169,7 @@ class BatchCap:
         if self._turn % 2 == 0 and len(self._diffs) >= PROBE_PAIRS:
             verdict = self._verdict()
             if verdict is not None or len(self._diffs) >= PROBE_MAX_PAIRS:
-                self._end_probe(self._candidate if verdict and self._engine_agrees(self._candidate) else None)
+                self._conclude(verdict)
 
     def _start_probe(self, *, grow: bool) -> None:
         up = min(self.value * 2, self.limit)
@@ -205,17 +209,34 @@ class BatchCap:
         ratio = self._engine(candidate) / max(self._engine(self.value), 1e-12)
         return ratio > 1 + GAIN if candidate > self.value else ratio >= 1 - GAIN
 
-    def _end_probe(self, move: int | None) -> None:
+    def _conclude(self, verdict: bool | None) -> None:
+        """End the probe on the pairs' ``verdict`` (:meth:`_verdict`), asking the engine's curve
+        before a move."""
+        candidate = self._candidate
+        assert candidate is not None
+        gain = math.exp(statistics.fmean(self._diffs)) - 1
+        evidence = f"{gain:+.0%} rows/s over {len(self._diffs)} pairs of phases"
+        served = f"{candidate} rows against {self.value}: {evidence}"
+        if not verdict:
+            self._end_probe(None, f"{served}, {'not clear' if verdict is None else 'not enough'}")
+        elif not self._engine_agrees(candidate):
+            assert self._engine is not None
+            curve = self._engine(candidate) / max(self._engine(self.value), 1e-12) - 1
+            self._end_probe(None, f"{served}, but the engine's curve gives {curve:+.0%} rows per engine-second")
+        else:
+            way = "grew" if candidate > self.value else "shrank"
+            self.reason = f"{way} from {self.value} to {candidate} rows while serving: {evidence} served in turn"
+            self._end_probe(candidate, served)
+
+    def _end_probe(self, move: int | None, why: str) -> None:
         self._candidate = None
         self._phase_no += 1
+        self.probes += 1
+        self.last_probe = f"{'moved' if move else 'kept'}: {why}"
         if move is None:
             self._every = min(self._every * 2, PROBE_MAX_EVERY)
             self._up = not self._up
             return
-        gain = math.exp(statistics.fmean(self._diffs)) - 1
-        way = "grew" if move > self.value else "shrank"
-        self.reason = (f"{way} from {self.value} to {move} rows while serving: {gain:+.0%} rows/s over "
-                       f"{len(self._diffs)} pairs of phases served in turn")
         self.value, self.moves, self._every = move, self.moves + 1, PROBE_EVERY
         self._since = self._every  # go on in the same direction at once
 

@@ -475,7 +475,7 @@ class Dispatcher:
         rows = sum(n for _, n in decision.batch)
         length = max(e.length for e, _ in decision.batch)
         after = at - inputs.now + self.latency.predict(rows, length) + self.latency.lower_bound(1, length)
-        if rows >= inputs.cap and after > inputs.tight_budget:
+        if rows >= inputs.cap and after > inputs.tight_arrival:
             return _NO_ARRIVAL
         self._launch(self.queue.take(decision.batch), cpu_mark, staged=slot, cap=inputs.cap)
         return True
@@ -716,10 +716,12 @@ class Dispatcher:
         self._wake.set()
 
     def _observe_cap(self, rows: int, start: float, end: float, phase: int | None) -> None:
-        moves = self.cap.moves
+        moves, probes = self.cap.moves, self.cap.probes
         self.cap.observe(rows, start, end, phase)
         if self.cap.moves != moves:
             log.info("%s: batch cap %d rows (%s)", self.name, self.cap.value, self.cap.reason)
+        elif self.cap.probes != probes:
+            log.debug("%s: batch cap probe %s", self.name, self.cap.last_probe)
 
     def _deliver(self, pieces: Sequence[Piece], batch: Batch, outputs: Tensors) -> None:
         for name, arr in outputs.items():

@@ -160,6 +160,15 @@ class Inputs:
     host_per_batch: float = 0.0
     tight_budget: float = math.inf
 
+    @property
+    def tight_arrival(self) -> float:
+        """The budget (seconds) of a tight request that may arrive now: :attr:`tight_budget` while
+        at least one row is expected within it at the measured ``arrival_rate``, else ``math.inf``.
+        A batch is kept short for such an arrival only while arrivals go on: once they stop, a
+        backlog (rows with loose or passed deadlines) drains in full batches, not in the short
+        ones that would protect a request nobody sends."""
+        return self.tight_budget if self.arrival_rate * self.tight_budget >= 1 else math.inf
+
 
 def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy, latency: LatencyModel) -> Decision:
     """Decide what to do with a model's queue.
@@ -395,7 +404,7 @@ def _deadline_cap(
     head's priority level or a more urgent one: priorities stay as documented), its slack
     (deadline − now − p(1)) — counted only where that slack covers a batch of one, since an
     entry with less cannot wait for any batch; and for a tight request arriving now, its budget
-    (``inputs.tight_budget``) less its :func:`margin` and p(1), again only where that covers a
+    (``inputs.tight_arrival``: none once arrivals stop) less its :func:`margin` and p(1), again only where that covers a
     batch of one (a model whose batch of one outlasts the tight budgets cannot protect them,
     and batches of one would only lower its throughput). The cap is the largest n whose
     p(n) fits (at least 1), and the batch is selected again under it until nothing more left
@@ -409,7 +418,7 @@ def _deadline_cap(
     now = inputs.now
     cap = inputs.cap
     length = max(e.length for e, _ in batch)
-    base = _tight_limit(inputs.tight_budget, length, latency)
+    base = _tight_limit(inputs.tight_arrival, length, latency)
     head = batch[0][0].priority
     for _ in range(4):
         taken = {id(e): n for e, n in batch}
@@ -468,7 +477,7 @@ def top_up(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
         deadline = min(deadline, e.deadline)
         if inputs.now + run > deadline:
             break
-        tight_limit = _tight_limit(inputs.tight_budget, padded, latency)
+        tight_limit = _tight_limit(inputs.tight_arrival, padded, latency)
         if run > tight_limit and total > _engine_rows(1, padded, inputs, latency):
             break
         kept.append((e, n))
