@@ -498,13 +498,11 @@ def test_adaptive_host_wait(r: Row) -> None:
 
 # -- 3. cap by deadlines ------------------------------------------------------------------------------
 # LAT: p(n) = (9 + n)·U. A tight budget of 32U: margin 8U, so a tight arrival leaves the batch
-# 32 − 8 − p(1) = 14U: five rows. Rows arrive one per 16U, so a tight request is expected within
-# its budget; the engine keeps up with them at a batch of one.
-TRAFFIC = 1 / (16 * U)
+# 32 − 8 − p(1) = 14U: five rows.
 
 
-def tight(budget: float, free_slots: int = 1, slots: int = 1, arrival_rate: float = TRAFFIC) -> Inputs:
-    return Inputs(NOW, free_slots, slots, arrival_rate, 8, tight_budget=budget)
+def tight(budget: float, free_slots: int = 1, slots: int = 1) -> Inputs:
+    return Inputs(NOW, free_slots, slots, 0.0, 8, tight_budget=budget)
 
 
 EIGHT = tuple(E(f"r{i}") for i in range(8))
@@ -512,11 +510,13 @@ EIGHT = tuple(E(f"r{i}") for i in range(8))
 DEADLINE_CAP = [
     row("a-tight-budget-caps-the-batch", *EIGHT, inputs=tight(32 * U), batch=tuple((f"r{i}", 1) for i in range(5))),
     row("a-loose-budget-does-not", *EIGHT, inputs=tight(64 * U), batch=tuple((f"r{i}", 1) for i in range(8))),
-    row("nor-a-tight-one-once-arrivals-stop",  # under one row expected within 32U: a backlog runs whole
-        *EIGHT, inputs=tight(32 * U, arrival_rate=TRAFFIC / 4), batch=tuple((f"r{i}", 1) for i in range(8))),
     row("not-while-another-slot-stays-free", *EIGHT, inputs=tight(32 * U, free_slots=2, slots=2),
         batch=tuple((f"r{i}", 1) for i in range(8))),
     row("a-tight-budget-caps-an-oversized-request", E("big", rows=20), inputs=tight(32 * U), batch=(("big", 5),)),
+    row("not-a-backlog-that-batches-of-five-would-make-miss",
+        # 16 rows due at 40U: batches of five end the last at 4 × p(5) = 56U, batches of eight at 34U.
+        *(E(f"b{i}", deadline=NOW + 40 * U) for i in range(16)), inputs=tight(32 * U),
+        batch=tuple((f"b{i}", 1) for i in range(8))),
     row("the-rows-left-behind-cap-the-batch",
         # late's slack 25U − p(1) = 15U: six rows; that leaves h6, h7 behind, slack 14U: five.
         # Then h5's batch of one starts at 14U and ends at its deadline, 24U.
@@ -683,6 +683,6 @@ def test_rows_join_a_staged_batch_while_it_still_meets_every_deadline(queue, cap
     a run of 40U − 10U margin − 10U for a batch of one = 20U, p(11)."""
     built = [e.build() for e in queue]
     names = {id(b): e.name for e, b in zip(queue, built)}
-    arrivals = replace(inputs(arrival_rate=TRAFFIC, cap=cap), tight_budget=tight)
-    chosen = top_up(built, arrivals, GO, LAT(), rows=4, length=1, deadline=staged_deadline, skips=skips)
+    chosen = top_up(built, replace(inputs(cap=cap), tight_budget=tight), GO, LAT(), rows=4, length=1,
+                    deadline=staged_deadline, skips=skips)
     assert tuple((names[id(e)], n) for e, n in chosen) == joined

@@ -475,7 +475,7 @@ class Dispatcher:
         rows = sum(n for _, n in decision.batch)
         length = max(e.length for e, _ in decision.batch)
         after = at - inputs.now + self.latency.predict(rows, length) + self.latency.lower_bound(1, length)
-        if rows >= inputs.cap and after > inputs.tight_arrival:
+        if rows >= inputs.cap and after > inputs.tight_budget:
             return _NO_ARRIVAL
         self._launch(self.queue.take(decision.batch), cpu_mark, staged=slot, cap=inputs.cap)
         return True

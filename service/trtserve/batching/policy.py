@@ -160,15 +160,6 @@ class Inputs:
     host_per_batch: float = 0.0
     tight_budget: float = math.inf
 
-    @property
-    def tight_arrival(self) -> float:
-        """The budget (seconds) of a tight request that may arrive now: :attr:`tight_budget` while
-        at least one row is expected within it at the measured ``arrival_rate``, else ``math.inf``.
-        A batch is kept short for such an arrival only while arrivals go on: once they stop, a
-        backlog (rows with loose or passed deadlines) drains in full batches, not in the short
-        ones that would protect a request nobody sends."""
-        return self.tight_budget if self.arrival_rate * self.tight_budget >= 1 else math.inf
-
 
 def decide(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy, latency: LatencyModel) -> Decision:
     """Decide what to do with a model's queue.
@@ -404,9 +395,10 @@ def _deadline_cap(
     head's priority level or a more urgent one: priorities stay as documented), its slack
     (deadline − now − p(1)) — counted only where that slack covers a batch of one, since an
     entry with less cannot wait for any batch; and for a tight request arriving now, its budget
-    (``inputs.tight_arrival``: none once arrivals stop) less its :func:`margin` and p(1), again only where that covers a
+    (``inputs.tight_budget``) less its :func:`margin` and p(1), again only where that covers a
     batch of one (a model whose batch of one outlasts the tight budgets cannot protect them,
-    and batches of one would only lower its throughput). The cap is the largest n whose
+    and batches of one would only lower its throughput), and only where batches that short
+    make no more queued rows late than full ones (:func:`_tight_run`). The cap is the largest n whose
     p(n) fits (at least 1), and the batch is selected again under it until nothing more left
     out lowers it (each pass only lowers the cap).
 
@@ -418,8 +410,8 @@ def _deadline_cap(
     now = inputs.now
     cap = inputs.cap
     length = max(e.length for e, _ in batch)
-    base = _tight_limit(inputs.tight_arrival, length, latency)
     head = batch[0][0].priority
+    base = _tight_run(live, head, inputs, length, latency)
     for _ in range(4):
         taken = {id(e): n for e, n in batch}
         limit = base
@@ -436,6 +428,39 @@ def _deadline_cap(
         cap = fits
         batch = _on_time(_select(live, now, cap, policy, latency), now, latency)
     return cap, batch
+
+
+def _tight_run(live: Sequence[QueueEntry], head: int, inputs: Inputs, length: int, latency: LatencyModel) -> float:
+    """The longest run (seconds) a batch may take for a tight request that may arrive while it
+    runs (:func:`_tight_limit`), or ``math.inf`` where batches that short would make more queued
+    rows miss their deadlines than batches at the cap (:func:`_late_rows`): a backlog left by a
+    burst would miss for the sake of a request that may never come."""
+    limit = _tight_limit(inputs.tight_budget, length, latency)
+    if limit == math.inf:
+        return limit
+    short = _late_rows(live, head, inputs, length, latency, _rows_within(limit, length, latency, inputs.cap))
+    return limit if short <= _late_rows(live, head, inputs, length, latency, inputs.cap) else math.inf
+
+
+def _late_rows(live: Sequence[QueueEntry], head: int, inputs: Inputs, length: int, latency: LatencyModel,
+               n: int) -> int:
+    """How many queued rows of priority ``head`` or a more urgent one would finish after their
+    deadlines, run in queue order (deadline order within a level) in batches of ``n`` rows padded
+    to ``length``, the slots taking the batches in turn from ``inputs.now``, at the batches'
+    least run time. A row that not even a batch of one could finish in time is not counted:
+    no batch size saves it."""
+    run = latency.lower_bound(n, length)
+    one = latency.lower_bound(1, length)
+    per_round = n * max(inputs.slots, 1)
+    ahead = late = 0
+    for e in live:
+        if e.priority > head:
+            continue
+        ahead += e.rows
+        savable = inputs.now + one <= e.deadline < math.inf
+        if savable and inputs.now + -(-ahead // per_round) * run > e.deadline:
+            late += e.rows
+    return late
 
 
 def _tight_limit(tight: float, length: int, latency: LatencyModel) -> float:
@@ -471,13 +496,14 @@ def top_up(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
     if room <= 0 or not live:
         return ()
     kept: list[tuple[QueueEntry, int]] = []
+    protect = _tight_run(live, live[0].priority, inputs, length, latency) < math.inf
     for e, n in _select(live, inputs.now, room, policy, latency):
         total, padded = rows + n, max(length, e.length)
         run = latency.predict(total, padded) - skips
         deadline = min(deadline, e.deadline)
         if inputs.now + run > deadline:
             break
-        tight_limit = _tight_limit(inputs.tight_arrival, padded, latency)
+        tight_limit = _tight_limit(inputs.tight_budget, padded, latency) if protect else math.inf
         if run > tight_limit and total > _engine_rows(1, padded, inputs, latency):
             break
         kept.append((e, n))
