@@ -128,10 +128,11 @@ def test_rss_plateaus_under_variable_shapes_with_the_documented_settings(tmp_pat
     assert control < 1.15 * max(first, middle, last)
 
 
-def test_the_memory_settings_reach_the_sessions_and_bad_values_are_refused(make_server, tmp_path):
+def test_the_ort_settings_reach_the_sessions_and_bad_values_are_refused(make_server, tmp_path):
     from casekit import write_identity
 
-    write_identity(tmp_path, "lean", parameters={"ort_cpu_mem_arena": "false", "ort_mem_pattern": "False"})
+    write_identity(tmp_path, "lean", parameters={"ort_cpu_mem_arena": "false", "ort_mem_pattern": "False",
+                                                 "ort_intra_op_spinning": "true"})
     write_identity(tmp_path, "default")
     write_identity(tmp_path, "typo", parameters={"ort_cpu_mem_arena": "off"})
     srv = make_server(tmp_path)
@@ -139,5 +140,8 @@ def test_the_memory_settings_reach_the_sessions_and_bad_values_are_refused(make_
     default = srv.registry.get("default").backend._sessions[0].get_session_options()
     assert (lean.enable_cpu_mem_arena, lean.enable_mem_pattern) == (False, False)
     assert (default.enable_cpu_mem_arena, default.enable_mem_pattern) == (True, True)
+    # Spinning is off unless asked for (ORT's own default is on).
+    spinning = "session.intra_op.allow_spinning"
+    assert (lean.get_session_config_entry(spinning), default.get_session_config_entry(spinning)) == ("1", "0")
     reason = srv.registry.models["typo"].reason
     assert "ort_cpu_mem_arena" in reason and "'off'" in reason

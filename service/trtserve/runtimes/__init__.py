@@ -44,7 +44,7 @@ def create(spec: ModelSpec, options: RuntimeOptions = RuntimeOptions()) -> Backe
             inter_op_threads=options.inter_op_threads,
             cpu_mem_arena=_flag(spec, "ort_cpu_mem_arena", True),
             mem_pattern=_flag(spec, "ort_mem_pattern", True),
-            spinning=_flag(spec, "ort_intra_op_spinning", True),
+            spinning=_flag(spec, "ort_intra_op_spinning", False),
             nice=options.compute_nice,
         )
     if spec.platform == "python":

@@ -62,11 +62,13 @@ class OnnxRuntimeBackend:
             rises to the largest mix of shapes seen; ``"false"`` allocates and frees per run.
         mem_pattern: let ORT plan and cache a memory pattern per input shape (ORT's default;
             config parameter ``ort_mem_pattern``); variable shapes gain nothing from it.
-        spinning: let ORT's intra-op threads busy-wait for work between operators (ORT's
-            default; config parameter ``ort_intra_op_spinning``). Spinning buys latency and
-            throughput with CPU time; on a host shared with other busy processes (or under a
-            container CPU quota) a spinning thread burns the core another thread needs, and
-            ``"false"`` is better (docs/guide/serving.md, "ONNX Runtime settings"; both measured in docs/benchmarks.md).
+        spinning: let ORT's intra-op threads busy-wait for work between operators (config
+            parameter ``ort_intra_op_spinning``; off by default, where ORT's own default is on).
+            The threads share the cores with the event loops that read requests. Alone on a
+            machine, spinning bought little or nothing (within noise for minilm's demo on 2
+            cores), but a spinning thread burns the core another thread needs. Beside one busy
+            process, the demo served 74–78 sentences/s with it and 90–120 without
+            (docs/benchmarks.md, "ONNX Runtime settings").
         nice: added to the nice value of each slot's thread and of the ORT threads its session
             starts (0..19; :func:`~trtserve.runtimes.threads.slot_thread`): the event loops run
             first when both want a core.
@@ -88,7 +90,7 @@ class OnnxRuntimeBackend:
         inter_op_threads: int = 0,
         cpu_mem_arena: bool = True,
         mem_pattern: bool = True,
-        spinning: bool = True,
+        spinning: bool = False,
         nice: int = 0,
     ) -> None:
         import onnxruntime as ort
@@ -176,13 +178,13 @@ def session_options(
     inter_op_threads: int = 0,
     cpu_mem_arena: bool = True,
     mem_pattern: bool = True,
-    spinning: bool = True,
+    spinning: bool = False,
 ) -> onnxruntime.SessionOptions:
     """ONNX Runtime session options as the server sets them (see :class:`OnnxRuntimeBackend`
     for each argument); the bench's raw reference uses the same, so the two stay in step.
 
     ``spinning`` sets the session config entries ``session.intra_op.allow_spinning`` and
-    ``session.inter_op.allow_spinning`` (ONNX Runtime's documented keys, "1" by default)."""
+    ``session.inter_op.allow_spinning`` (ONNX Runtime's documented keys, "1" in ORT itself)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -2,7 +2,8 @@
 
 Same file, same session settings as the server's default
 (:func:`~trtserve.runtimes.onnxruntime.session_options` at ``--intra-op-threads 0``: CPU
-execution provider, one thread per core, ORT's thread spinning), same rows packed the same way, at
+execution provider, one thread per core) but with ORT's own thread spinning, which the server
+turns off (the faster of the two alone on a machine), same rows packed the same way, at
 batch sizes 1, 2, 4, … max_batch_size. Run it while the server is idle.
 """
 
@@ -37,7 +38,7 @@ def measure_raw(workload: Workload, seconds_per_size: float) -> RawReference:
     The time of each size is spread over :data:`ROUNDS` rounds through all sizes, so that
     a stretch of load from elsewhere on the machine weighs on every size alike.
     """
-    session = ort.InferenceSession(str(workload.onnx_path), session_options(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(workload.onnx_path), session_options(spinning=True), providers=["CPUExecutionProvider"])
     engine_inputs, _ = engine_tensors(session, True, workload.onnx_path)
     output_names = [o.name for o in session.get_outputs()]
     feeds: dict[int, list[Tensors]] = {}
