@@ -496,16 +496,19 @@ def top_up(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
     if room <= 0 or not live:
         return ()
     kept: list[tuple[QueueEntry, int]] = []
-    protect = _tight_run(live, live[0].priority, inputs, length, latency) < math.inf
+    protect: bool | None = None  # whether the tight limit applies (:func:`_tight_run`), asked once it would bind
     for e, n in _select(live, inputs.now, room, policy, latency):
         total, padded = rows + n, max(length, e.length)
         run = latency.predict(total, padded) - skips
         deadline = min(deadline, e.deadline)
         if inputs.now + run > deadline:
             break
-        tight_limit = _tight_limit(inputs.tight_budget, padded, latency) if protect else math.inf
-        if run > tight_limit and total > _engine_rows(1, padded, inputs, latency):
-            break
+        tight = _tight_limit(inputs.tight_budget, padded, latency)
+        if run > tight and total > _engine_rows(1, padded, inputs, latency):
+            if protect is None:
+                protect = _tight_run(live, live[0].priority, inputs, padded, latency) < math.inf
+            if protect:
+                break
         kept.append((e, n))
         rows, length = total, padded
     return tuple(kept)

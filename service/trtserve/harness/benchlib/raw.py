@@ -38,7 +38,8 @@ def measure_raw(workload: Workload, seconds_per_size: float) -> RawReference:
     The time of each size is spread over :data:`ROUNDS` rounds through all sizes, so that
     a stretch of load from elsewhere on the machine weighs on every size alike.
     """
-    session = ort.InferenceSession(str(workload.onnx_path), session_options(spinning=True), providers=["CPUExecutionProvider"])
+    options = session_options(spinning=True)
+    session = ort.InferenceSession(str(workload.onnx_path), options, providers=["CPUExecutionProvider"])
     engine_inputs, _ = engine_tensors(session, True, workload.onnx_path)
     output_names = [o.name for o in session.get_outputs()]
     feeds: dict[int, list[Tensors]] = {}
