@@ -501,8 +501,8 @@ def test_adaptive_host_wait(r: Row) -> None:
 # 32 − 8 − p(1) = 14U: five rows.
 
 
-def tight(budget: float, free_slots: int = 1, slots: int = 1) -> Inputs:
-    return Inputs(NOW, free_slots, slots, 0.0, 8, tight_budget=budget)
+def tight(budget: float, free_slots: int = 1, slots: int = 1, arrival_rate: float = 0.0) -> Inputs:
+    return Inputs(NOW, free_slots, slots, arrival_rate, 8, tight_budget=budget)
 
 
 EIGHT = tuple(E(f"r{i}") for i in range(8))
@@ -517,6 +517,11 @@ DEADLINE_CAP = [
         # 16 rows due at 40U: batches of five end the last at 4 × p(5) = 56U, batches of eight at 34U.
         *(E(f"b{i}", deadline=NOW + 40 * U) for i in range(16)), inputs=tight(32 * U),
         batch=tuple((f"b{i}", 1) for i in range(8))),
+    row("nor-yields-where-batches-at-the-keep-up-size-make-it",
+        # 12 rows due at 35U, arrivals at 0.39 rows/U: the engine keeps up at six rows (p(6) = 15U).
+        # Batches of five make two rows late, of six none: six it is, not the cap's eight.
+        *(E(f"b{i}", deadline=NOW + 35 * U) for i in range(12)), inputs=tight(32 * U, arrival_rate=0.39 / U),
+        batch=tuple((f"b{i}", 1) for i in range(6))),
     row("the-rows-left-behind-cap-the-batch",
         # late's slack 25U − p(1) = 15U: six rows; that leaves h6, h7 behind, slack 14U: five.
         # Then h5's batch of one starts at 14U and ends at its deadline, 24U.

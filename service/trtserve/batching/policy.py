@@ -411,7 +411,7 @@ def _deadline_cap(
     cap = inputs.cap
     length = max(e.length for e, _ in batch)
     head = batch[0][0].priority
-    base = _tight_run(live, head, inputs, length, latency)
+    base = _tight_run(live, head, inputs, length, latency, floor)
     for _ in range(4):
         taken = {id(e): n for e, n in batch}
         limit = base
@@ -430,15 +430,18 @@ def _deadline_cap(
     return cap, batch
 
 
-def _tight_run(live: Sequence[QueueEntry], head: int, inputs: Inputs, length: int, latency: LatencyModel) -> float:
+def _tight_run(live: Sequence[QueueEntry], head: int, inputs: Inputs, length: int, latency: LatencyModel,
+               floor: int) -> float:
     """The longest run (seconds) a batch may take for a tight request that may arrive while it
-    runs (:func:`_tight_limit`), or ``math.inf`` where batches that short would make more queued
-    rows miss their deadlines than batches at the cap (:func:`_late_rows`): a backlog left by a
+    runs (:func:`_tight_limit`), or ``math.inf`` where batches that short (never below ``floor``
+    rows, the size at which the engine keeps up with the arrivals) would make more queued rows
+    miss their deadlines than batches at the cap (:func:`_late_rows`): a backlog left by a
     burst would miss for the sake of a request that may never come."""
     limit = _tight_limit(inputs.tight_budget, length, latency)
     if limit == math.inf:
         return limit
-    short = _late_rows(live, head, inputs, length, latency, _rows_within(limit, length, latency, inputs.cap))
+    short_rows = max(_rows_within(limit, length, latency, inputs.cap), floor)
+    short = _late_rows(live, head, inputs, length, latency, short_rows)
     return limit if short <= _late_rows(live, head, inputs, length, latency, inputs.cap) else math.inf
 
 
@@ -447,8 +450,8 @@ def _late_rows(live: Sequence[QueueEntry], head: int, inputs: Inputs, length: in
     """How many queued rows of priority ``head`` or a more urgent one would finish after their
     deadlines, run in queue order (deadline order within a level) in batches of ``n`` rows padded
     to ``length``, the slots taking the batches in turn from ``inputs.now``, at the batches'
-    least run time. A row that not even a batch of one could finish in time is not counted:
-    no batch size saves it."""
+    least run time (an optimistic bound for both sizes alike: a busy slot starts later). A row
+    that not even a batch of one could finish in time is not counted: no batch size saves it."""
     run = latency.lower_bound(n, length)
     one = latency.lower_bound(1, length)
     per_round = n * max(inputs.slots, 1)
@@ -496,18 +499,21 @@ def top_up(entries: Sequence[QueueEntry], inputs: Inputs, policy: BatchingPolicy
     if room <= 0 or not live:
         return ()
     kept: list[tuple[QueueEntry, int]] = []
-    protect: bool | None = None  # whether the tight limit applies (:func:`_tight_run`), asked once it would bind
-    for e, n in _select(live, inputs.now, room, policy, latency):
+    selected = _select(live, inputs.now, room, policy, latency)
+    protect: dict[int, bool] = {}  # padded length -> whether the tight limit applies, asked once it would bind
+    for e, n in selected:
         total, padded = rows + n, max(length, e.length)
         run = latency.predict(total, padded) - skips
         deadline = min(deadline, e.deadline)
         if inputs.now + run > deadline:
             break
         tight = _tight_limit(inputs.tight_budget, padded, latency)
-        if run > tight and total > _engine_rows(1, padded, inputs, latency):
-            if protect is None:
-                protect = _tight_run(live, live[0].priority, inputs, padded, latency) < math.inf
-            if protect:
+        keep_up = _engine_rows(1, padded, inputs, latency)
+        if run > tight and total > keep_up:
+            if padded not in protect:
+                head = selected[0][0].priority
+                protect[padded] = _tight_run(live, head, inputs, padded, latency, keep_up) < math.inf
+            if protect[padded]:
                 break
         kept.append((e, n))
         rows, length = total, padded

@@ -64,11 +64,11 @@ class OnnxRuntimeBackend:
             config parameter ``ort_mem_pattern``); variable shapes gain nothing from it.
         spinning: let ORT's intra-op threads busy-wait for work between operators (config
             parameter ``ort_intra_op_spinning``; off by default, where ORT's own default is on).
-            The threads share the cores with the event loops that read requests. Alone on a
-            machine, spinning bought little or nothing (within noise for minilm's demo on 2
-            cores), but a spinning thread burns the core another thread needs. Beside one busy
-            process, the demo served 74–78 sentences/s with it and 90–120 without
-            (docs/benchmarks.md, "ONNX Runtime settings").
+            The threads share the cores with the event loops that read requests. Alone on 2
+            cores, the measurements disagree: up to 17 % more rows/s with spinning on one day,
+            the same or less on another. Beside one busy process, a spinning thread burns the
+            core another thread needs: the demo served 74–78 sentences/s with spinning on and
+            90–120 without (docs/benchmarks.md, "ONNX Runtime settings").
         nice: added to the nice value of each slot's thread and of the ORT threads its session
             starts (0..19; :func:`~trtserve.runtimes.threads.slot_thread`): the event loops run
             first when both want a core.

@@ -2,8 +2,8 @@
 
 Same file, same session settings as the server's default
 (:func:`~trtserve.runtimes.onnxruntime.session_options` at ``--intra-op-threads 0``: CPU
-execution provider, one thread per core) but with ORT's own thread spinning, which the server
-turns off (the faster of the two alone on a machine), same rows packed the same way, at
+execution provider, one thread per core) but with ORT's own default thread spinning, which the
+server turns off (docs/benchmarks.md, "ONNX Runtime settings"), same rows packed the same way, at
 batch sizes 1, 2, 4, … max_batch_size. Run it while the server is idle.
 """
 
