@@ -411,7 +411,11 @@ def _deadline_cap(
     cap = inputs.cap
     length = max(e.length for e, _ in batch)
     head = batch[0][0].priority
-    base = _tight_run(live, head, inputs, length, latency, floor)
+    base = _tight_limit(inputs.tight_budget, length, latency)
+    rows = sum(n for _, n in batch)
+    if max(_rows_within(base, length, latency, rows), floor) < rows:
+        # It would shrink this batch (else it shrinks none below): ask whether the backlog bears it.
+        base = _tight_run(live, head, inputs, length, latency, floor)
     for _ in range(4):
         taken = {id(e): n for e, n in batch}
         limit = base
