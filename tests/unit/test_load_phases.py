@@ -1,0 +1,154 @@
+"""A model's warm-up measures its engine alone: never beside another model's backend build
+(:class:`~trtserve.engine.registry.LoadPhases`), because the curve it measures chooses the batch
+cap the model starts with."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+
+from trtserve.engine.registry import LoadPhases
+
+
+async def _spin(turns: int = 20) -> None:
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+def test_a_warm_up_waits_for_the_builds_in_progress_and_runs_alone():
+    async def go() -> list[str]:
+        phases = LoadPhases()
+        events: list[str] = []
+        release = asyncio.Event()
+
+        async def build(name: str) -> None:
+            async with phases.build():
+                events.append(f"build {name}")
+                await release.wait()
+                events.append(f"built {name}")
+
+        async def warm(name: str) -> None:
+            async with phases.warm_up():
+                events.append(f"warm {name}")
+                await _spin()
+                events.append(f"warmed {name}")
+
+        builds = [asyncio.create_task(build(n)) for n in ("a", "b")]
+        await _spin()
+        warms = [asyncio.create_task(warm(n)) for n in ("c", "d")]
+        await _spin()
+        assert events == ["build a", "build b"]  # both build at once; no warm-up beside them
+        release.set()
+        await asyncio.gather(*builds, *warms)
+        return events
+
+    events = asyncio.run(go())
+    assert events[2:4] == ["built a", "built b"] or events[2:4] == ["built b", "built a"]
+    assert events[4:] in (["warm c", "warmed c", "warm d", "warmed d"], ["warm d", "warmed d", "warm c", "warmed c"])
+
+
+def test_a_build_asked_for_while_a_warm_up_waits_starts_after_it():
+    async def go() -> list[str]:
+        phases = LoadPhases()
+        events: list[str] = []
+        release = asyncio.Event()
+
+        async def build(name: str, hold: asyncio.Event | None = None) -> None:
+            async with phases.build():
+                events.append(f"build {name}")
+                if hold is not None:
+                    await hold.wait()
+
+        async def warm() -> None:
+            async with phases.warm_up():
+                events.append("warm")
+                await _spin()
+                events.append("warmed")
+
+        first = asyncio.create_task(build("a", release))
+        await _spin()
+        waiting = asyncio.create_task(warm())
+        await _spin()
+        late = asyncio.create_task(build("b"))  # a stream of loads must not hold the warm-up off
+        await _spin()
+        assert events == ["build a"]
+        release.set()
+        await asyncio.gather(first, waiting, late)
+        return events
+
+    assert asyncio.run(go()) == ["build a", "warm", "warmed", "build b"]
+
+
+def test_a_cancelled_warm_up_lets_the_builds_it_held_back_go():
+    async def go() -> list[str]:
+        phases = LoadPhases()
+        events: list[str] = []
+        release = asyncio.Event()
+
+        async def build(name: str, hold: asyncio.Event | None = None) -> None:
+            async with phases.build():
+                events.append(f"build {name}")
+                if hold is not None:
+                    await hold.wait()
+
+        async def warm() -> None:
+            async with phases.warm_up():
+                events.append("warm")
+
+        first = asyncio.create_task(build("a", release))
+        await _spin()
+        waiting = asyncio.create_task(warm())
+        await _spin()
+        late = asyncio.create_task(build("b"))
+        await _spin()
+        waiting.cancel()  # e.g. the model was unloaded while it waited
+        await _spin()
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, late), 10)
+        return events
+
+    assert asyncio.run(go()) == ["build a", "build b"]
+
+
+def test_a_model_is_not_warmed_up_and_ready_while_another_models_backend_builds(tmp_path, engines):
+    """Two copies of tiny load together; the second's build is held until the first's backend
+    has been built. The first may not warm up (and so may not turn READY) until it is let go."""
+    from trtserve import runtimes
+    from trtserve.clock import MonotonicClock
+    from trtserve.engine.registry import ModelRegistry
+    from trtserve.ipc.engine import ModelState
+
+    config = (engines / "tiny" / "config.pbtxt").read_text()
+    for name in ("first", "second"):
+        shutil.copytree(engines / "tiny", tmp_path / name)
+        (tmp_path / name / "config.pbtxt").write_text(config.replace('"tiny"', f'"{name}"'))
+    release, first_built = threading.Event(), threading.Event()
+
+    def factory(spec):
+        if spec.name == "second":
+            release.wait(60)
+        backend = runtimes.create(spec)
+        if spec.name == "first":
+            first_built.set()
+        return backend
+
+    async def go() -> tuple[list[ModelState], dict[str, ModelState]]:
+        registry = ModelRegistry(tmp_path, clock=MonotonicClock(), backend_factory=factory)
+        loading = asyncio.create_task(registry.load_all())
+        await asyncio.to_thread(first_built.wait, 60)
+        states = []
+        for _ in range(20):  # tiny's warm-up takes well under this (2 s) when nothing holds it
+            await asyncio.sleep(0.1)
+            states.append(registry.models["first"].state)
+        release.set()
+        await loading
+        try:
+            return states, {name: e.state for name, e in registry.models.items()}
+        finally:
+            await registry.aclose()
+
+    held, final = asyncio.run(go())
+    assert first_built.is_set()
+    assert set(held) == {ModelState.LOADING}
+    assert final == {"first": ModelState.READY, "second": ModelState.READY}
