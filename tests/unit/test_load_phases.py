@@ -16,99 +16,79 @@ async def _spin(turns: int = 20) -> None:
         await asyncio.sleep(0)
 
 
+class _Loads:
+    """Builds and warm-ups through one :class:`LoadPhases`, each noting when it starts and ends."""
+
+    def __init__(self) -> None:
+        self.phases = LoadPhases()
+        self.events: list[str] = []
+
+    async def build(self, name: str, hold: asyncio.Event | None = None) -> None:
+        async with self.phases.build():
+            self.events.append(f"build {name}")
+            if hold is not None:
+                await hold.wait()
+            self.events.append(f"built {name}")
+
+    async def warm(self, name: str) -> None:
+        async with self.phases.warm_up():
+            self.events.append(f"warm {name}")
+            await _spin()
+            self.events.append(f"warmed {name}")
+
+
 def test_a_warm_up_waits_for_the_builds_in_progress_and_runs_alone():
     async def go() -> list[str]:
-        phases = LoadPhases()
-        events: list[str] = []
-        release = asyncio.Event()
-
-        async def build(name: str) -> None:
-            async with phases.build():
-                events.append(f"build {name}")
-                await release.wait()
-                events.append(f"built {name}")
-
-        async def warm(name: str) -> None:
-            async with phases.warm_up():
-                events.append(f"warm {name}")
-                await _spin()
-                events.append(f"warmed {name}")
-
-        builds = [asyncio.create_task(build(n)) for n in ("a", "b")]
+        loads, release = _Loads(), asyncio.Event()
+        builds = [asyncio.create_task(loads.build(n, release)) for n in ("a", "b")]
         await _spin()
-        warms = [asyncio.create_task(warm(n)) for n in ("c", "d")]
+        warms = [asyncio.create_task(loads.warm(n)) for n in ("c", "d")]
         await _spin()
-        assert events == ["build a", "build b"]  # both build at once; no warm-up beside them
+        assert loads.events == ["build a", "build b"]  # both build at once; no warm-up beside them
         release.set()
         await asyncio.gather(*builds, *warms)
-        return events
+        return loads.events
 
     events = asyncio.run(go())
-    assert events[2:4] == ["built a", "built b"] or events[2:4] == ["built b", "built a"]
+    assert sorted(events[2:4]) == ["built a", "built b"]
     assert events[4:] in (["warm c", "warmed c", "warm d", "warmed d"], ["warm d", "warmed d", "warm c", "warmed c"])
+
+
+async def _build_warm_build(loads: _Loads, release: asyncio.Event) -> tuple[asyncio.Task, ...]:
+    """Build a (held until ``release``), then ask for a warm-up, then for build b."""
+    first = asyncio.create_task(loads.build("a", release))
+    await _spin()
+    waiting = asyncio.create_task(loads.warm("w"))
+    await _spin()
+    late = asyncio.create_task(loads.build("b"))
+    await _spin()
+    return first, waiting, late
 
 
 def test_a_build_asked_for_while_a_warm_up_waits_starts_after_it():
     async def go() -> list[str]:
-        phases = LoadPhases()
-        events: list[str] = []
-        release = asyncio.Event()
-
-        async def build(name: str, hold: asyncio.Event | None = None) -> None:
-            async with phases.build():
-                events.append(f"build {name}")
-                if hold is not None:
-                    await hold.wait()
-
-        async def warm() -> None:
-            async with phases.warm_up():
-                events.append("warm")
-                await _spin()
-                events.append("warmed")
-
-        first = asyncio.create_task(build("a", release))
-        await _spin()
-        waiting = asyncio.create_task(warm())
-        await _spin()
-        late = asyncio.create_task(build("b"))  # a stream of loads must not hold the warm-up off
-        await _spin()
-        assert events == ["build a"]
+        loads, release = _Loads(), asyncio.Event()
+        tasks = await _build_warm_build(loads, release)
+        assert loads.events == ["build a"]  # a stream of loads must not hold the warm-up off
         release.set()
-        await asyncio.gather(first, waiting, late)
-        return events
+        await asyncio.gather(*tasks)
+        return loads.events
 
-    assert asyncio.run(go()) == ["build a", "warm", "warmed", "build b"]
+    assert asyncio.run(go()) == ["build a", "built a", "warm w", "warmed w", "build b", "built b"]
 
 
 def test_a_cancelled_warm_up_lets_the_builds_it_held_back_go():
     async def go() -> list[str]:
-        phases = LoadPhases()
-        events: list[str] = []
-        release = asyncio.Event()
-
-        async def build(name: str, hold: asyncio.Event | None = None) -> None:
-            async with phases.build():
-                events.append(f"build {name}")
-                if hold is not None:
-                    await hold.wait()
-
-        async def warm() -> None:
-            async with phases.warm_up():
-                events.append("warm")
-
-        first = asyncio.create_task(build("a", release))
-        await _spin()
-        waiting = asyncio.create_task(warm())
-        await _spin()
-        late = asyncio.create_task(build("b"))
-        await _spin()
+        loads, release = _Loads(), asyncio.Event()
+        first, waiting, late = await _build_warm_build(loads, release)
         waiting.cancel()  # e.g. the model was unloaded while it waited
         await _spin()
+        assert loads.events == ["build a", "build b", "built b"]  # b went while a still builds
         release.set()
         await asyncio.wait_for(asyncio.gather(first, late), 10)
-        return events
+        return loads.events
 
-    assert asyncio.run(go()) == ["build a", "build b"]
+    assert asyncio.run(go()) == ["build a", "build b", "built b", "built a"]
 
 
 def test_a_model_is_not_warmed_up_and_ready_while_another_models_backend_builds(tmp_path, engines):
