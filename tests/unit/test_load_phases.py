@@ -54,41 +54,46 @@ def test_a_warm_up_waits_for_the_builds_in_progress_and_runs_alone():
     assert events[4:] in (["warm c", "warmed c", "warm d", "warmed d"], ["warm d", "warmed d", "warm c", "warmed c"])
 
 
-async def _build_warm_build(loads: _Loads, release: asyncio.Event) -> tuple[asyncio.Task, ...]:
-    """Build a (held until ``release``), then ask for a warm-up, then for build b."""
-    first = asyncio.create_task(loads.build("a", release))
-    await _spin()
-    waiting = asyncio.create_task(loads.warm("w"))
-    await _spin()
-    late = asyncio.create_task(loads.build("b"))
-    await _spin()
-    return first, waiting, late
-
-
-def test_a_build_asked_for_while_a_warm_up_waits_starts_after_it():
+def test_a_build_asked_for_while_a_warm_up_waits_goes_first_and_the_warm_up_waits_for_it_too():
     async def go() -> list[str]:
-        loads, release = _Loads(), asyncio.Event()
-        tasks = await _build_warm_build(loads, release)
-        assert loads.events == ["build a"]  # a stream of loads must not hold the warm-up off
-        release.set()
-        await asyncio.gather(*tasks)
-        return loads.events
-
-    assert asyncio.run(go()) == ["build a", "built a", "warm w", "warmed w", "build b", "built b"]
-
-
-def test_a_cancelled_warm_up_lets_the_builds_it_held_back_go():
-    async def go() -> list[str]:
-        loads, release = _Loads(), asyncio.Event()
-        first, waiting, late = await _build_warm_build(loads, release)
-        waiting.cancel()  # e.g. the model was unloaded while it waited
+        loads, release, later = _Loads(), asyncio.Event(), asyncio.Event()
+        first = asyncio.create_task(loads.build("a", release))
         await _spin()
-        assert loads.events == ["build a", "build b", "built b"]  # b went while a still builds
+        waiting = asyncio.create_task(loads.warm("w"))
+        await _spin()
+        late = asyncio.create_task(loads.build("b", later))  # a small model's build: not behind the warm-up
+        await _spin()
+        assert loads.events == ["build a", "build b"]
         release.set()
-        await asyncio.wait_for(asyncio.gather(first, late), 10)
+        await _spin()
+        assert loads.events == ["build a", "build b", "built a"]  # b still builds: no warm-up yet
+        later.set()
+        await asyncio.gather(first, waiting, late)
         return loads.events
 
-    assert asyncio.run(go()) == ["build a", "build b", "built b", "built a"]
+    assert asyncio.run(go()) == ["build a", "build b", "built a", "built b", "warm w", "warmed w"]
+
+
+def test_a_build_asked_for_while_a_warm_up_runs_waits_for_its_end():
+    async def go() -> list[str]:
+        loads, hold = _Loads(), asyncio.Event()
+
+        async def long_warm() -> None:
+            async with loads.phases.warm_up():
+                loads.events.append("warm w")
+                await hold.wait()
+                loads.events.append("warmed w")
+
+        warming = asyncio.create_task(long_warm())
+        await _spin()
+        build = asyncio.create_task(loads.build("a"))
+        await _spin()
+        assert loads.events == ["warm w"]
+        hold.set()
+        await asyncio.gather(warming, build)
+        return loads.events
+
+    assert asyncio.run(go()) == ["warm w", "warmed w", "build a", "built a"]
 
 
 def test_a_model_is_not_warmed_up_and_ready_while_another_models_backend_builds(tmp_path, engines):

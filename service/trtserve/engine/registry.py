@@ -72,22 +72,22 @@ class LoadPhases:
     import, a Python model's worker processes) takes the same cores for seconds. Measured on 2
     cores with the shipped ``engines/``: minilm's warm-up beside minilm_pt's build peaked at
     115 rows/s, where the same session alone runs 210-230. A warm-up waits until no build is
-    in progress and no other warm-up runs; a build waits while a warm-up runs or waits (so a
-    stream of loads cannot hold a warm-up off for ever). Traffic to the models already served
-    still shares the machine: that is what the cap's probes while serving are for
-    (:class:`~trtserve.batching.cap.BatchCap`)."""
+    in progress and no other warm-up runs; a build waits only while a warm-up runs, so at start
+    every backend builds at once and the warm-ups follow one by one (a build asked for while a
+    warm-up waits goes first: loads are finite, and a small model's build must not wait out a
+    large one's). Traffic to the models already served still shares the machine: that is what
+    the cap's probes while serving are for (:class:`~trtserve.batching.cap.BatchCap`)."""
 
     def __init__(self) -> None:
         self._turn = asyncio.Condition()
         self._building = 0
         self._warming = False
-        self._warm_waiting = 0
 
     @asynccontextmanager
     async def build(self) -> AsyncIterator[None]:
-        """Held while one backend builds; any number at once."""
+        """Held while one backend builds; any number at once, none beside a warm-up."""
         async with self._turn:
-            await self._turn.wait_for(lambda: not self._warming and not self._warm_waiting)
+            await self._turn.wait_for(lambda: not self._warming)
             self._building += 1
         try:
             yield
@@ -100,12 +100,7 @@ class LoadPhases:
     async def warm_up(self) -> AsyncIterator[None]:
         """Held while one model warms up: alone, with no build in progress."""
         async with self._turn:
-            self._warm_waiting += 1
-            try:
-                await self._turn.wait_for(lambda: not self._warming and not self._building)
-            finally:
-                self._warm_waiting -= 1
-                self._turn.notify_all()  # builds held back for this warm-up (it may be cancelled)
+            await self._turn.wait_for(lambda: not self._warming and not self._building)
             self._warming = True
         try:
             yield
@@ -242,7 +237,9 @@ class ModelRegistry:
             self._changed()
 
     async def _start(self, spec: ModelSpec) -> EngineModel:
+        asked = self.clock.now()
         async with self._phases.build():
+            waited = self.clock.now() - asked
             backend = await asyncio.to_thread(self.backend_factory, spec)
         try:
             served = EngineModel(spec, backend, clock=self.clock)  # type: ignore[arg-type]
@@ -250,7 +247,9 @@ class ModelRegistry:
             await backend.aclose()  # type: ignore[attr-defined]
             raise
         try:
+            asked = self.clock.now()
             async with self._phases.warm_up():
+                waited += self.clock.now() - asked
                 await served.start()
         except BaseException:
             await served.aclose()
@@ -258,8 +257,9 @@ class ModelRegistry:
         # Counters carry on from the previous instance of this version (which, if it is still
         # draining, counts its last batches into the same object).
         served.dispatcher.stats = self.stats.setdefault((spec.name, spec.version), served.dispatcher.stats)
-        log.info("model %s version %s built (%s, %d slot(s))",
-                 spec.name, spec.version, spec.platform, spec.instances)
+        log.info("model %s version %s built (%s, %d slot(s))%s", spec.name, spec.version, spec.platform,
+                 spec.instances, f"; it waited {waited:.1f} s for other models' builds and warm-ups (LoadPhases)"
+                 if waited >= 0.05 else "")
         return served
 
     async def _retire(self, models: list[EngineModel]) -> None:
