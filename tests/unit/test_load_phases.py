@@ -121,13 +121,15 @@ def test_a_model_is_not_warmed_up_and_ready_while_another_models_backend_builds(
     async def go() -> tuple[list[ModelState], dict[str, ModelState]]:
         registry = ModelRegistry(tmp_path, clock=MonotonicClock(), backend_factory=factory)
         loading = asyncio.create_task(registry.load_all())
-        await asyncio.to_thread(first_built.wait, 60)
-        states = []
-        for _ in range(20):  # tiny's warm-up takes well under this (2 s) when nothing holds it
-            await asyncio.sleep(0.1)
-            states.append(registry.models["first"].state)
-        release.set()
-        await loading
+        try:
+            await asyncio.to_thread(first_built.wait, 60)
+            states = []
+            for _ in range(20):  # tiny's warm-up takes well under this (2 s) when nothing holds it
+                await asyncio.sleep(0.1)
+                states.append(registry.models["first"].state)
+        finally:
+            release.set()  # never leave the second build's thread blocked
+            await loading
         try:
             return states, {name: e.state for name, e in registry.models.items()}
         finally:
